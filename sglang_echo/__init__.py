@@ -1,0 +1,3 @@
+"""sglang-echo: ECHO elastic speculative decoding for SGLang."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,100 @@
+"""`echo-bench scheduler`: the cost of ECHO's control plane per speculative step.
+
+Times gating + scheduling + packing (and, separately, verification bookkeeping) for one batch,
+excluding the drafter: the synthetic drafter's own time is measured around each ``propose`` call
+and subtracted, so the figure is what the policy adds to a real step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..core import PolicyConfig, build_trees, greedy_verify, make_policy, pack
+from ..core.synthetic import SyntheticDrafter, SyntheticWorld
+
+
+class _TimedDrafter:
+    def __init__(self, inner: SyntheticDrafter):
+        self.inner, self.seconds = inner, 0.0
+
+    def propose(self, frontier, k):
+        t0 = time.perf_counter()
+        out = self.inner.propose(frontier, k)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+@dataclass
+class Timing:
+    policy: str
+    control_ms: list[float]
+    verify_ms: list[float]
+    verified_tokens: float
+
+    def row(self) -> str:
+        c, v = sorted(self.control_ms), sorted(self.verify_ms)
+        p99 = lambda xs: xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]  # noqa: E731
+        return (
+            f"{self.policy:<34} {statistics.median(c):8.2f} {p99(c):8.2f} "
+            f"{statistics.median(v):8.2f} {p99(v):8.2f} {self.verified_tokens:10.0f}"
+        )
+
+
+def time_policy(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int, vocab: int) -> Timing:
+    control, verify, verified = [], [], []
+    for step in range(warmup + steps):
+        world = SyntheticWorld(batch, vocab=vocab, seed=step)
+        drafter = _TimedDrafter(SyntheticDrafter(world))
+        roots = torch.randint(0, vocab, (batch,), generator=torch.Generator().manual_seed(step))
+        prefix = torch.randint(16, 2048, (batch,), generator=torch.Generator().manual_seed(step + 1))
+        policy = make_policy(name, cfg)
+        t0 = time.perf_counter()
+        trees, _ = build_trees(policy, drafter, roots)
+        packed = pack(trees, prefix)
+        t1 = time.perf_counter()
+        pred = world.target_argmax(trees)  # the target's output: not part of the control plane
+        t2 = time.perf_counter()
+        greedy_verify(trees, pred)
+        t3 = time.perf_counter()
+        if step >= warmup:
+            control.append((t1 - t0 - drafter.seconds) * 1e3)
+            verify.append((t3 - t2) * 1e3)
+            verified.append(trees.num_nodes)
+        del packed
+    return Timing(policy.name, control, verify, statistics.mean(verified))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="echo-bench scheduler", description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--vocab", type=int, default=49152, help="SmolLM2's vocabulary size by default")
+    # The control plane is many small tensor ops: intra-op threads only add synchronisation
+    # (and collapse when the target model's threads compete for the same cores), so 1 is default.
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    B = args.batch
+    cases = [
+        ("echo", PolicyConfig(k_max=4 * B, max_depth=8, w_def=1, w_max=4)),
+        ("echo", PolicyConfig(k_max=8 * B, max_depth=8, w_def=2, w_max=8)),
+        ("dense-gating", PolicyConfig(k_max=4 * B, max_depth=8, w_def=1, w_max=4)),
+        ("budgeted-chain", PolicyConfig(k_max=4 * B, max_depth=8)),
+        ("static-tree", PolicyConfig(max_depth=3, topk=3, total_tokens=5)),
+        ("static-tree", PolicyConfig(max_depth=8, topk=10, total_tokens=60)),
+    ]
+    print(f"control plane per step, batch {B}, {args.steps} steps, torch threads {torch.get_num_threads()}")
+    print(f"{'policy (K_max / shape)':<34} {'ctl med':>8} {'ctl p99':>8} {'ver med':>8} {'ver p99':>8} {'verified':>10}")
+    for name, cfg in cases:
+        t = time_policy(name, cfg, B, args.steps, args.warmup, args.vocab)
+        if name in ("echo", "dense-gating", "budgeted-chain"):
+            t.policy = f"{t.policy} K_max={cfg.k_max} W={cfg.w_def}/{cfg.w_max}"
+        print(t.row(), flush=True)
+    print("ctl = gating + scheduling + packing (drafter excluded); ver = greedy tree verification; ms")

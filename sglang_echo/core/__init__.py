@@ -1,0 +1,18 @@
+"""The engine-agnostic ECHO core: trees, gating, the elastic scheduler, packing, verification.
+
+Pure PyTorch and vectorised over the batch, so the SGLang worker (GPU or CPU), the calibrator,
+benchmarks and the replay simulator all run this one implementation.
+"""
+
+from .baselines import Autoregressive, BudgetedChain, Chain, StaticTree
+from .calibration_file import Calibration, CalibrationError, DepthStats, fingerprint, load_calibration
+from .factory import POLICIES, PolicyConfig, make_policy
+from .gating import GatingConfig, layer_confidence
+from .metrics import MetricsTotals, StepMetrics, step_metrics
+from .pack import PackedBatch, PaddedTrees, pack
+from .policy import BuildState, Frontier, TreeDrafter, TreePolicy, build_trees
+from .scheduler import ElasticConfig, ElasticPolicy
+from .tree import DETERMINISTIC, Candidates, DraftTrees, NodePool
+from .verify import VerifyResult, greedy_verify, greedy_verify_padded, stochastic_verify
+
+__all__ = [name for name in dir() if not name.startswith("_")]

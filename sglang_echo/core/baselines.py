@@ -1,0 +1,105 @@
+"""Baseline tree policies, on the same machinery as ECHO so comparisons differ only in policy.
+
+* :class:`Autoregressive`: no drafts; every request verifies its root (plain decoding).
+* :class:`Chain`: one candidate per depth, ``depth`` deep.
+* :class:`StaticTree`: EAGLE-2/3's static tree: expand the ``topk`` best nodes per depth with
+  ``topk`` children each, pool every candidate, then keep the ``total_tokens - 1`` best by path
+  score (the global re-rank). EAGLE-3's defaults are 8/10/60, the paper's streamlined 3/3/5.
+* :class:`BudgetedChain`: every request drafts a chain, then the batch keeps the top
+  ``K_max - B`` nodes by survival probability ``exp(S)`` (as SGLang's DSPARK allocates chains).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .policy import BuildState, TreePolicy, ranked, take_top
+from .tree import Candidates, DraftTrees
+
+
+class Autoregressive(TreePolicy):
+    name = "ar"
+    max_depth = 0
+
+    def advance(self, state: BuildState, cands: Candidates) -> None:  # never called: depth 0
+        raise AssertionError("autoregressive decoding drafts nothing")
+
+
+class _BeamPolicy(TreePolicy):
+    """Expand the ``beam`` best candidates of each depth; subclasses choose what to keep."""
+
+    beam: int = 1
+    keep_all: bool = True
+
+    def advance(self, state: BuildState, cands: Candidates) -> None:
+        pool = state.pool
+        d = state.depth + 1
+        slots = pool.append(cands, state.frontier_slots, d)
+        valid = pool.valid.gather(1, slots) & state.active[:, None]
+        order, n_valid = ranked(pool.score.gather(1, slots), valid)
+        frontier, cols = take_top(slots, order, n_valid.clamp(max=self.beam), self.beam)
+        if self.keep_all:
+            pool.mark(slots, valid)
+        else:  # keep nothing yet, but drop what the active mask excluded from the later re-rank
+            pool.valid.scatter_(1, slots, valid)
+        state.set_frontier(frontier, cols)
+        state.active = state.active & (n_valid > 0)
+        state.depth = d
+
+
+class Chain(_BeamPolicy):
+    def __init__(self, depth: int):
+        self.name, self.max_depth = f"chain-{depth}", depth
+
+
+class StaticTree(_BeamPolicy):
+    keep_all = False
+
+    def __init__(self, depth: int = 8, topk: int = 10, total_tokens: int = 60):
+        if total_tokens < 1:
+            raise ValueError("total_tokens counts the root, so it is at least 1")
+        self.name = f"static-tree-{depth}x{topk}x{total_tokens}"
+        self.max_depth, self.beam, self.children_per_node = depth, topk, topk
+        self.total_tokens = total_tokens
+
+    def finish(self, state: BuildState) -> DraftTrees:
+        pool = state.pool
+        drafts = pool.valid.clone()
+        drafts[:, 0] = False
+        # Stable sort: a child never outranks its parent (S never increases along a path, and on
+        # ties the parent's smaller slot wins), so the kept set is ancestor-closed.
+        order, n_valid = ranked(pool.score, drafts)
+        slots = torch.arange(pool.size, device=order.device).expand_as(order)
+        kept, _ = take_top(slots, order, n_valid.clamp(max=self.total_tokens - 1), self.total_tokens - 1)
+        pool.mark(kept, kept >= 0)
+        return pool.compact()
+
+
+class BudgetedChain(_BeamPolicy):
+    keep_all = False
+    budgeted = True
+
+    def __init__(self, k_max: int, depth: int = 8):
+        self.name, self.max_depth, self.k_max = "budgeted-chain", depth, k_max
+
+    def start(self, roots: Tensor) -> BuildState:
+        state = super().start(roots)
+        state.budget = max(self.k_max - roots.numel(), 0)
+        state.active &= state.budget > 0
+        return state
+
+    def finish(self, state: BuildState) -> DraftTrees:
+        pool = state.pool
+        drafts = pool.valid.clone()
+        drafts[:, 0] = False
+        flat = torch.where(drafts, pool.score, torch.full_like(pool.score, float("-inf"))).flatten()
+        n = min(state.budget, int(drafts.sum()))
+        # Batch-wide top-(K_max - B) by survival probability; chains are prefix-closed because
+        # S decreases along a chain and the stable sort prefers the parent's earlier slot on ties.
+        top = torch.sort(flat, descending=True, stable=True).indices[:n]
+        keep = torch.zeros_like(flat, dtype=torch.bool)
+        keep[top] = True
+        pool.keep |= keep.view_as(pool.keep)
+        state.budget -= n
+        return pool.compact()

@@ -1,0 +1,52 @@
+"""Build any tree policy by name, so the worker, benchmarks and tests share one vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .baselines import Autoregressive, BudgetedChain, Chain, StaticTree
+from .calibration_file import Calibration
+from .gating import GatingConfig
+from .policy import TreePolicy
+from .scheduler import ElasticConfig, ElasticPolicy
+
+POLICIES = ("ar", "chain", "static-tree", "echo", "dense-gating", "fixed-threshold", "budgeted-chain")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    k_max: int = 64  # batch verification cap, roots included (Eq. 4)
+    max_depth: int = 8
+    w_def: int = 1
+    w_max: int = 4
+    topk: int = 10  # static tree
+    total_tokens: int = 60  # static tree, root included
+    fixed_tau: float = 0.3  # fixed-threshold ablation
+
+
+def make_policy(
+    name: str,
+    config: PolicyConfig = PolicyConfig(),
+    gating: Optional[GatingConfig] = None,
+    calibration: Optional[Calibration] = None,
+) -> TreePolicy:
+    """``gating`` overrides the sweet spots; otherwise they come from ``calibration`` or defaults."""
+    if gating is None:
+        gating = GatingConfig.from_calibration(calibration) if calibration else GatingConfig.default()
+    elastic = ElasticConfig(config.k_max, config.max_depth, config.w_def, config.w_max)
+    if name == "ar":
+        return Autoregressive()
+    if name == "chain":
+        return Chain(config.max_depth)
+    if name == "static-tree":
+        return StaticTree(config.max_depth, config.topk, config.total_tokens)
+    if name == "echo":
+        return ElasticPolicy(elastic, gating, "echo")
+    if name == "dense-gating":
+        return ElasticPolicy(elastic, GatingConfig.dense(calibration, config.max_depth), "dense-gating")
+    if name == "fixed-threshold":
+        return ElasticPolicy(elastic, GatingConfig.fixed(config.fixed_tau, gating.depths), "fixed-threshold")
+    if name == "budgeted-chain":
+        return BudgetedChain(config.k_max, config.max_depth)
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")

@@ -1,0 +1,160 @@
+"""Flatten & pack (ECHO Sec. 3.1, Fig. 3 step 4): the kernel-facing layout of a ragged batch.
+
+Request i contributes its K_i tree nodes (root first) to one flat verify batch. Each node attends
+to the request's cached prefix plus its own ancestors in the tree. :func:`pack` produces:
+
+* ``qo_indptr [B+1]`` and ``positions [N] = prefix_len + depth`` for the ragged batch;
+* the tree mask, dense per request (``tree_mask``, the ``[K_i, K_i]`` blocks concatenated
+  row-major, offsets in ``mask_indptr``) and bit-packed (``packed_mask [N, ceil(W/32)]`` int32,
+  bit k of node j's row set iff node k of its request is j or an ancestor of j);
+* SGLang's retrieve arrays ``retrieve_index`` (global node per local slot),
+  ``retrieve_next_token`` (first child) and ``retrieve_next_sibling`` (next sibling), ``[B, W]``;
+* a padded view ``[B, W]`` (W = widest tree, or a fixed cap) for engines that need equal widths.
+
+Everything is built with batched tensor ops; the only Python loops run over tree depth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .tree import DraftTrees
+
+
+@dataclass
+class PaddedTrees:
+    """Every tree padded to ``W`` slots; padding slots are invalid and attend to nothing."""
+
+    tokens: Tensor  # [B, W] int64 (0 in padding)
+    parents: Tensor  # [B, W] int64 local, -1 for roots and padding
+    depth: Tensor  # [B, W] int64 (0 in padding)
+    positions: Tensor  # [B, W] int64
+    mask: Tensor  # [B, W, W] bool ancestor-or-self mask
+    valid: Tensor  # [B, W] bool
+
+
+@dataclass
+class PackedBatch:
+    qo_indptr: Tensor  # [B+1]
+    positions: Tensor  # [N]
+    tree_mask: Tensor  # [sum K_i^2] bool
+    mask_indptr: Tensor  # [B+1]
+    packed_mask: Tensor  # [N, ceil(W/32)] int32
+    retrieve_index: Tensor  # [B, W] global node index, -1 in padding
+    retrieve_next_token: Tensor  # [B, W] local index of the first child, -1 if none
+    retrieve_next_sibling: Tensor  # [B, W] local index of the next sibling, -1 if none
+    padded: PaddedTrees
+
+    @property
+    def width(self) -> int:
+        return self.retrieve_index.shape[1]
+
+
+def pad_trees(trees: DraftTrees, prefix_lens: Tensor, width: Optional[int] = None) -> PaddedTrees:
+    """Scatter the CSR batch into ``[B, W]`` slots (slot = local node index)."""
+    B, sizes = trees.batch_size, trees.sizes
+    W = int(sizes.max()) if width is None else width
+    if B and int(sizes.max()) > W:
+        raise ValueError(f"a tree has {int(sizes.max())} nodes, more than the padded width {W}")
+    req, loc = trees.request_of_node, trees.local_index
+    dev = trees.tokens.device
+
+    def scatter(values: Tensor, fill: int) -> Tensor:
+        out = torch.full((B, W), fill, dtype=values.dtype, device=dev)
+        out[req, loc] = values
+        return out
+
+    valid = scatter(torch.ones_like(trees.tokens, dtype=torch.bool), False)
+    parents = scatter(trees.parents, -1)
+    depth = scatter(trees.depth, 0)
+    return PaddedTrees(
+        tokens=scatter(trees.tokens, 0),
+        parents=parents,
+        depth=depth,
+        positions=torch.where(valid, prefix_lens.reshape(B, 1) + depth, torch.zeros_like(depth)),
+        mask=ancestor_mask(parents, valid, int(trees.depth.max()) if trees.num_nodes else 0),
+        valid=valid,
+    )
+
+
+def ancestor_mask(parents: Tensor, valid: Tensor, max_depth: int) -> Tensor:
+    """``mask[b, j, k]`` iff slot k is slot j or one of its ancestors (pointer jumping by depth)."""
+    B, W = parents.shape
+    mask = torch.diag_embed(valid)
+    cur = parents
+    for _ in range(max_depth):
+        has = cur >= 0
+        if not bool(has.any()):
+            break
+        b, j = has.nonzero(as_tuple=True)
+        mask[b, j, cur[b, j]] = True
+        cur = torch.where(has, parents.gather(1, cur.clamp(min=0)), cur)
+    return mask
+
+
+def child_links(parents: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """SGLang's ``retrieve_next_token`` / ``retrieve_next_sibling`` from padded parents.
+
+    Children are listed in ascending slot order: a node's first child is its smallest child slot,
+    and each child's next sibling the next larger slot with the same parent.
+    """
+    B, W = parents.shape
+    dev = parents.device
+    slot = torch.arange(W, device=dev).expand(B, W)
+    is_child = valid & (parents >= 0)
+    # Sort children by (request, parent, slot): consecutive entries of one group are siblings.
+    key = (torch.arange(B, device=dev)[:, None] * (W + 1) + parents + 1) * W + slot
+    key = torch.where(is_child, key, torch.full_like(key, torch.iinfo(torch.int64).max))
+    flat_order = key.flatten().argsort()
+    n = int(is_child.sum())
+    order = flat_order[:n]
+    b, s = order // W, order % W
+    p = parents[b, s]
+    next_sibling = torch.full((B, W), -1, dtype=torch.int64, device=dev)
+    same = (b[1:] == b[:-1]) & (p[1:] == p[:-1])
+    next_sibling[b[:-1][same], s[:-1][same]] = s[1:][same]
+    first = torch.ones(n, dtype=torch.bool, device=dev)
+    first[1:] = ~same
+    next_token = torch.full((B, W), -1, dtype=torch.int64, device=dev)
+    next_token[b[first], p[first]] = s[first]
+    return next_token, next_sibling
+
+
+def pack_bits(mask: Tensor) -> Tensor:
+    """Pack ``[..., W]`` bool rows into ``[..., ceil(W/32)]`` int32 words, bit k = column k."""
+    W = mask.shape[-1]
+    words = -(-W // 32) if W else 0
+    padded = torch.nn.functional.pad(mask, (0, words * 32 - W)).view(*mask.shape[:-1], words, 32)
+    # A float64 dot product with powers of two is exact below 2^53 and much faster on CPU than
+    # an int64 shift-and-sum reduction.
+    weights = 2.0 ** torch.arange(32, dtype=torch.float64, device=mask.device)
+    v = (padded.to(torch.float64) @ weights).long()
+    return torch.where(v >= 2**31, v - 2**32, v).to(torch.int32)  # bit 31 is the sign bit
+
+
+def pack(trees: DraftTrees, prefix_lens: Tensor, width: Optional[int] = None) -> PackedBatch:
+    """Build the ragged and padded verify layouts of ``trees`` (see the module docstring)."""
+    padded = pad_trees(trees, prefix_lens, width)
+    B, W = padded.valid.shape
+    pair = padded.valid[:, :, None] & padded.valid[:, None, :]
+    sizes = trees.sizes
+    mask_indptr = torch.zeros(B + 1, dtype=torch.int64, device=sizes.device)
+    mask_indptr[1:] = (sizes * sizes).cumsum(0)
+    next_token, next_sibling = child_links(padded.parents, padded.valid)
+    retrieve_index = torch.full((B, W), -1, dtype=torch.int64, device=sizes.device)
+    retrieve_index[trees.request_of_node, trees.local_index] = torch.arange(trees.num_nodes, device=sizes.device)
+    return PackedBatch(
+        qo_indptr=trees.indptr.clone(),
+        positions=padded.positions[padded.valid],
+        tree_mask=padded.mask[pair],
+        mask_indptr=mask_indptr,
+        packed_mask=pack_bits(padded.mask[padded.valid]),
+        retrieve_index=retrieve_index,
+        retrieve_next_token=next_token,
+        retrieve_next_sibling=next_sibling,
+        padded=padded,
+    )

@@ -1,0 +1,156 @@
+"""The tree-policy interface and the loop that interleaves drafting with scheduling.
+
+One speculative step builds every request's tree depth by depth (ECHO Alg. 1 works the same
+way)::
+
+    state = policy.start(roots)                  # depth 0: every tree is its root
+    while not state.done:
+        cands = drafter.propose(state.frontier(), policy.children_per_node)
+        policy.advance(state, cands)             # gates, budget, which nodes enter the trees
+    trees = policy.finish(state)                 # e.g. ECHO's width expansion, EAGLE's re-rank
+
+Contract:
+
+* ``drafter.propose(frontier, k)`` returns :class:`Candidates` with up to ``k`` children for every
+  valid slot of ``frontier`` whose request is active; ``Candidates.parent`` is the frontier column.
+  The drafter only has to expand active requests: the policy drops everything else.
+* ``policy.advance`` appends the candidates to the node pool, marks which enter the trees, sets
+  the next frontier (which candidates the drafter expands next; ``Frontier.source`` names them by
+  their column in the candidates, so a drafter can keep its hidden states per candidate) and
+  deactivates requests that stop drafting.
+* A policy never keeps more than its budget allows: for budgeted policies the verified tokens of
+  the step, roots included, stay within ``max(k_max, batch_size)`` (Eq. 4; when the batch alone
+  exceeds the cap every request verifies only its root, i.e. plain decoding).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from .tree import Candidates, DraftTrees, NodePool
+
+
+@dataclass
+class Frontier:
+    """The nodes the drafter expands next, padded ``[B, F]``."""
+
+    depth: int  # depth of the frontier nodes (0 = roots); children get depth + 1
+    slots: Tensor  # [B, F] pool slots, -1 = empty
+    source: Tensor  # [B, F] column of each node in the previous Candidates (-1 for roots / empty)
+    tokens: Tensor  # [B, F] token ids (0 where empty)
+    path_score: Tensor  # [B, F] S of each frontier node
+    active: Tensor  # [B] bool: requests the drafter must expand
+
+    @property
+    def valid(self) -> Tensor:
+        return (self.slots >= 0) & self.active[:, None]
+
+
+@dataclass
+class BuildState:
+    """Mutable state of one step's tree construction."""
+
+    pool: NodePool
+    max_depth: int
+    depth: int = 0
+    frontier_slots: Tensor = None  # [B, F]
+    frontier_source: Tensor = None  # [B, F]
+    active: Tensor = None  # [B] bool
+    budget: int = 0  # draft tokens still allowed this step (budgeted policies)
+    gate_evaluated: Tensor = None  # [max_depth + 1] gates evaluated per depth
+    gate_passed: Tensor = None  # [max_depth + 1] gates passed per depth
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.depth >= self.max_depth or not bool(self.active.any())
+
+    def frontier(self) -> Frontier:
+        slots = self.frontier_slots
+        safe = slots.clamp(min=0)
+        empty = slots < 0
+        return Frontier(
+            depth=self.depth,
+            slots=slots,
+            source=self.frontier_source,
+            tokens=self.pool.tokens.gather(1, safe).masked_fill(empty, 0),
+            path_score=self.pool.score.gather(1, safe).masked_fill(empty, float("-inf")),
+            active=self.active,
+        )
+
+    def set_frontier(self, slots: Tensor, source: Tensor) -> None:
+        self.frontier_slots, self.frontier_source = slots, source
+
+
+class TreeDrafter(Protocol):
+    def propose(self, frontier: Frontier, k: int) -> Candidates: ...
+
+
+class TreePolicy(ABC):
+    """Decides, depth by depth, which drafted candidates enter each request's tree."""
+
+    name: str = "policy"
+    max_depth: int = 0
+    children_per_node: int = 1  # k: children the drafter proposes per frontier node
+    budgeted: bool = False  # whether the policy honours the K_max cap (Eq. 4)
+
+    def start(self, roots: Tensor) -> BuildState:
+        B, dev = roots.numel(), roots.device
+        state = BuildState(
+            pool=NodePool(roots),
+            max_depth=self.max_depth,
+            active=torch.full((B,), self.max_depth > 0, dtype=torch.bool, device=dev),
+            gate_evaluated=torch.zeros(self.max_depth + 1, dtype=torch.int64, device=dev),
+            gate_passed=torch.zeros(self.max_depth + 1, dtype=torch.int64, device=dev),
+        )
+        state.set_frontier(torch.zeros(B, 1, dtype=torch.int64, device=dev), torch.full((B, 1), -1, device=dev))
+        return state
+
+    @abstractmethod
+    def advance(self, state: BuildState, cands: Candidates) -> None: ...
+
+    def finish(self, state: BuildState) -> DraftTrees:
+        return state.pool.compact()
+
+
+def build_trees(policy: TreePolicy, drafter: TreeDrafter, roots: Tensor) -> tuple[DraftTrees, BuildState]:
+    """Run one step's draft-and-schedule loop (see the module docstring)."""
+    state = policy.start(roots)
+    while not state.done:
+        policy.advance(state, drafter.propose(state.frontier(), policy.children_per_node))
+    return policy.finish(state), state
+
+
+def ranked(score: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Candidate columns per request by descending path score (stable), and valid counts."""
+    masked = torch.where(valid, score, torch.full_like(score, float("-inf")))
+    order = torch.sort(masked, dim=1, descending=True, stable=True).indices
+    return order, valid.sum(1)
+
+
+def take_top(slots: Tensor, order: Tensor, n: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """The first ``n[b]`` ranked slots of each request, padded to ``width``: (slots, columns)."""
+    if order.shape[1] < width:  # fewer candidates than slots: pad with the (masked) first column
+        order = torch.nn.functional.pad(order, (0, width - order.shape[1]))
+    cols = order[:, :width]
+    mask = torch.arange(width, device=slots.device)[None, :] < n.clamp(max=order.shape[1])[:, None]
+    chosen = torch.where(mask, slots.gather(1, cols), torch.full_like(cols, -1))
+    return chosen, torch.where(mask, cols, torch.full_like(cols, -1))
+
+
+def grant_in_priority(want: Tensor, priority: Tensor, budget: int) -> Tensor:
+    """Hand out ``budget`` tokens to requests in descending ``priority``, each up to ``want``.
+
+    The vectorised form of Alg. 1's ``for i in active_set if budget > 0`` loop: a prefix sum
+    over requests sorted by priority; the last one served may get a partial grant.
+    """
+    order = torch.sort(priority, descending=True, stable=True).indices
+    w = want[order]
+    before = w.cumsum(0) - w
+    g = (budget - before).clamp(min=0).minimum(w)
+    return torch.zeros_like(want).scatter_(0, order, g)

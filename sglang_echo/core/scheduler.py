@@ -1,0 +1,119 @@
+"""ECHO's unified elastic budget scheduler (Alg. 1) over the batch as one super-tree.
+
+The whole batch shares one verification cap, ``sum_i K_i <= K_max`` (Eq. 4; K_i counts request
+i's root, so ``K_max - B`` draft tokens are shared). Depth by depth:
+
+* **Priority 1, global depth extension** (Alg. 1 lines 5-15): every active request drafts its
+  depth-d candidates. At a sweet-spot depth the gate ``c_{i,d} >= tau_d`` (Eq. 6-7) decides;
+  elsewhere the request passes. Passing requests take their ``W_def`` best candidates (by path
+  score) from the shared pool, most confident first (Theorem 2: budget goes where the marginal
+  gain is highest); a failing request is truncated at d and yields its share to the others.
+* **Priority 2, opportunistic width expansion** (Alg. 1 lines 16-20): only once no request can
+  deepen (every request truncated, out of depth, or the budget is gone), the remaining budget
+  widens truncated requests at their truncation depth, up to ``W_max`` candidates each.
+
+Under low load (Case 1) Priority 1 cannot use the whole budget and a truncated request is widened
+in place ("truncate-and-widen"); under high load (Case 2) the budget is consumed by confident
+requests' depth before any width is granted.
+
+Dense gating and the fixed-threshold ablations are this policy with another
+:class:`~sglang_echo.core.gating.GatingConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .gating import GatingConfig, layer_confidence
+from .policy import BuildState, TreePolicy, grant_in_priority, ranked, take_top
+from .tree import Candidates, DraftTrees
+
+
+@dataclass(frozen=True)
+class ElasticConfig:
+    k_max: int  # verification cap for the whole batch, roots included (Eq. 4)
+    max_depth: int = 8  # deepest draft depth ever considered
+    w_def: int = 1  # default width per depth for requests that pass (Alg. 1 W_def)
+    w_max: int = 4  # width cap for Priority-2 expansion (Alg. 1 W_max)
+
+    def __post_init__(self) -> None:
+        if self.k_max < 1 or self.max_depth < 0 or not 1 <= self.w_def <= self.w_max:
+            raise ValueError(f"need k_max >= 1, max_depth >= 0 and 1 <= w_def <= w_max, got {self}")
+
+
+class ElasticPolicy(TreePolicy):
+    """ECHO (Alg. 1). With ``gating=GatingConfig.dense(...)`` or ``.fixed(...)``, its ablations."""
+
+    budgeted = True
+
+    def __init__(self, config: ElasticConfig, gating: GatingConfig, name: str = "echo"):
+        self.config, self.gating, self.name = config, gating, name
+        self.max_depth = config.max_depth
+        # W_max children per frontier node, so even the root's depth can be widened to W_max.
+        self.children_per_node = config.w_max
+        self._tau = gating.threshold_table(config.max_depth)
+        self._gated = torch.zeros(config.max_depth + 1, dtype=torch.bool)
+        self._gated[[d for d in gating.depths if d <= config.max_depth]] = True
+
+    def start(self, roots: Tensor) -> BuildState:
+        state = super().start(roots)
+        B, dev = roots.numel(), roots.device
+        state.budget = max(self.config.k_max - B, 0)
+        state.active &= state.budget > 0
+        state.extra.update(
+            trunc_slots=torch.full((B, self.config.w_max), -1, dtype=torch.int64, device=dev),
+            trunc_conf=torch.zeros(B, device=dev),
+            truncated=torch.zeros(B, dtype=torch.bool, device=dev),
+        )
+        return state
+
+    def advance(self, state: BuildState, cands: Candidates) -> None:
+        cfg, pool = self.config, state.pool
+        d = state.depth + 1
+        slots = pool.append(cands, state.frontier_slots, d)
+        valid = pool.valid.gather(1, slots) & state.active[:, None]
+        score = pool.score.gather(1, slots)
+        conf = layer_confidence(score, valid)  # Eq. 6
+        order, n_valid = ranked(score, valid)
+        has_cands = state.active & (n_valid > 0)
+
+        gated = bool(self._gated[d])
+        passed = has_cands & (conf >= float(self._tau[d])) if gated else has_cands  # Eq. 7
+        failed = has_cands & ~passed
+        if gated:
+            state.gate_evaluated[d] += int(has_cands.sum())
+            state.gate_passed[d] += int(passed.sum())
+
+        # Priority 1: depth for passing requests, most confident first, within the budget.
+        want = torch.where(passed, n_valid.clamp(max=cfg.w_def), torch.zeros_like(n_valid))
+        grant = grant_in_priority(want, torch.where(passed, conf, torch.full_like(conf, -1.0)), state.budget)
+        state.budget -= int(grant.sum())
+        kept, kept_cols = take_top(slots, order, grant, cfg.w_def)
+        pool.mark(kept, kept >= 0)
+        state.set_frontier(kept, kept_cols)
+
+        # Truncation at a failing gate: remember the best W_max candidates for Priority 2.
+        ex = state.extra
+        best, _ = take_top(slots, order, n_valid.clamp(max=cfg.w_max), cfg.w_max)
+        ex["trunc_slots"] = torch.where(failed[:, None], best, ex["trunc_slots"])
+        ex["trunc_conf"] = torch.where(failed, conf, ex["trunc_conf"])
+        ex["truncated"] |= failed
+
+        state.active = passed & (grant > 0) & (state.budget > 0)
+        state.depth = d
+
+    def finish(self, state: BuildState) -> DraftTrees:
+        # Priority 2 runs only here, after no request can deepen any more.
+        ex, w_max = state.extra, self.config.w_max
+        if state.budget > 0 and bool(ex["truncated"].any()):
+            avail = (ex["trunc_slots"] >= 0).sum(1)
+            want = torch.where(ex["truncated"], avail.clamp(max=w_max), torch.zeros_like(avail))
+            grant = grant_in_priority(want, torch.where(ex["truncated"], ex["trunc_conf"], -1.0), state.budget)
+            state.budget -= int(grant.sum())
+            cols = torch.arange(w_max, device=grant.device)[None, :]
+            state.pool.mark(ex["trunc_slots"], cols < grant[:, None])
+            ex["widened"] = grant
+        return state.pool.compact()
