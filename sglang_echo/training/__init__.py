@@ -1,0 +1,1 @@
+"""Drafter training (`echo-train-drafter`): self-distillation data, feature capture, objectives."""

@@ -1,0 +1,95 @@
+"""Self-distillation data: the target answers the training prompt pool (greedy, like serving at
+temperature 0), and the token ids are stored in safetensors shards.
+
+    python -m sglang_echo.training.datagen --model DIR --out DIR [--prompts 2000 --max-new 192]
+
+Resumable: finished shards are skipped, so an interrupted run continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from .prompt_pool import build_pool
+
+
+def load_target(model_dir: str, dtype: torch.dtype = torch.bfloat16):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    return tok, model
+
+
+@torch.inference_mode()
+def answer(tok, model, prompts: list[str], max_new: int) -> list[tuple[list[int], int]]:
+    """(prompt + answer token ids, prompt length) per prompt, padding stripped."""
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in prompts]
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    out = model.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id)
+    rows = []
+    for i in range(len(prompts)):
+        prompt = enc.input_ids[i][enc.attention_mask[i].bool()].tolist()
+        gen = out[i, enc.input_ids.shape[1] :].tolist()
+        if tok.eos_token_id in gen:
+            gen = gen[: gen.index(tok.eos_token_id) + 1]
+        rows.append((prompt + gen, len(prompt)))
+    return rows
+
+
+def write_shard(path: Path, rows: list[tuple[list[int], int]]) -> None:
+    ids = torch.tensor([t for seq, _ in rows for t in seq], dtype=torch.int32)
+    lens = torch.tensor([len(seq) for seq, _ in rows], dtype=torch.int32)
+    prompt_lens = torch.tensor([p for _, p in rows], dtype=torch.int32)
+    tmp = path.with_suffix(".tmp")
+    save_file({"input_ids": ids, "lengths": lens, "prompt_lengths": prompt_lens}, str(tmp))
+    tmp.rename(path)
+
+
+def read_shards(data_dir: str | Path) -> list[tuple[torch.Tensor, int]]:
+    """Every (sequence ids, prompt length) in a data directory."""
+    out = []
+    for shard in sorted(Path(data_dir).glob("shard-*.safetensors")):
+        t = load_file(str(shard))
+        for seq, p in zip(torch.split(t["input_ids"].long(), t["lengths"].tolist()), t["prompt_lengths"].tolist()):
+            out.append((seq, int(p)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--prompts", type=int, default=2000)
+    ap.add_argument("--max-new", type=int, default=192)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--shard-size", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pool = build_pool(args.prompts, args.seed)
+    tok, model = load_target(args.model)
+    shards = [pool[i : i + args.shard_size] for i in range(0, len(pool), args.shard_size)]
+    bar = tqdm(total=len(pool), desc="self-distillation", unit="prompt")
+    for k, shard_prompts in enumerate(shards):
+        path = out / f"shard-{k:05d}.safetensors"
+        if path.exists():
+            bar.update(len(shard_prompts))
+            continue
+        rows = []
+        for i in range(0, len(shard_prompts), args.batch):
+            rows += answer(tok, model, shard_prompts[i : i + args.batch], args.max_new)
+            bar.update(len(shard_prompts[i : i + args.batch]))
+        write_shard(path, rows)
+    bar.close()
+
+
+if __name__ == "__main__":
+    main()
