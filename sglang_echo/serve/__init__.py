@@ -1,0 +1,1 @@
+"""Launching and managing a real sglang server (CPU platform or GPU)."""

@@ -1,0 +1,174 @@
+"""Build the sglang server command line + environment for one configuration.
+
+Pure data in, data out (no processes, no torch import unless asked whether CUDA exists), so
+the launcher, the test fixtures and the benchmarks all produce identical servers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SPECS = ("none", "ngram", "eagle3", "echo")
+# Attention backend registered by sglang_echo.platform (pure torch, supports target-verify).
+CPU_ATTENTION_BACKEND = "echo_torch"
+# Without CUDA, sglang cannot profile free memory the GPU way; a fixed KV budget keeps the
+# pool small (2-core/24 GiB dev boxes) and start-up fast.
+CPU_MAX_TOTAL_TOKENS = 16384
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    """Speculative decoding knobs (ignored for spec="none")."""
+
+    num_steps: int = 3
+    eagle_topk: int = 1
+    num_draft_tokens: int = 4
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    model_path: Path
+    port: int = 30000
+    host: str = "127.0.0.1"
+    spec: str = "none"
+    draft_path: Path | None = None
+    spec_options: SpecOptions = field(default_factory=SpecOptions)
+    device: str | None = None  # None: cuda if available else cpu
+    dtype: str | None = None  # None: sglang's "auto" (the checkpoint's dtype)
+    max_total_tokens: int | None = None  # None: CPU_MAX_TOTAL_TOKENS on CPU, sglang's on GPU
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    enable_metrics: bool = False
+    random_seed: int = 0
+    # sglang binds a torch.distributed rendezvous port too; pinning it (default port+1) keeps
+    # every port we use inside the range we were given instead of a random free one.
+    nccl_port: int | None = None
+    log_level: str = "info"
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    argv: list[str]
+    env: dict[str, str]  # additions to the parent environment
+    device: str
+
+
+class LaunchError(ValueError):
+    """A configuration that cannot be launched (message is meant for the user)."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # a broken torch install means no usable GPU
+        return False
+
+
+def echo_plugin_available() -> bool:
+    """True if `sglang_echo.plugin` imports (it is cheap: registration happens in sglang)."""
+    if importlib.util.find_spec("sglang_echo.plugin") is None:
+        return False
+    try:
+        importlib.import_module("sglang_echo.plugin")
+        return True
+    except Exception:
+        return False
+
+
+def _spec_args(opts: ServerOptions) -> list[str]:
+    s = opts.spec_options
+    if opts.spec == "none":
+        return []
+    if opts.spec == "ngram":
+        return [
+            "--speculative-algorithm", "NGRAM",
+            "--speculative-num-draft-tokens", str(s.num_draft_tokens),
+        ]
+    if opts.spec in ("eagle3", "echo"):
+        if opts.spec == "echo" and not echo_plugin_available():
+            raise LaunchError(
+                "--spec echo: the ECHO plugin (sglang_echo.plugin) is not available yet; "
+                "use --spec none|ngram|eagle3 for now."
+            )
+        if opts.draft_path is None:
+            raise LaunchError(
+                f"--spec {opts.spec} needs an EAGLE-3 draft head: pass --draft PATH "
+                "(a trained head will ship later; for plumbing tests write a random one with "
+                "sglang_echo.models.tiny.write_tiny_eagle3_draft)."
+            )
+        if opts.spec == "echo":
+            # ECHO derives steps/topk/draft tokens from its own config (and rejects topk < 2),
+            # so only the algorithm and the head are passed; ECHO knobs go after `--`.
+            return [
+                "--speculative-algorithm", "ECHO",
+                "--speculative-draft-model-path", str(opts.draft_path),
+            ]
+        return [
+            "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", str(opts.draft_path),
+            "--speculative-num-steps", str(s.num_steps),
+            "--speculative-eagle-topk", str(s.eagle_topk),
+            "--speculative-num-draft-tokens", str(s.num_draft_tokens),
+        ]
+    raise LaunchError(f"unknown --spec {opts.spec!r}; choose from {SPECS}")
+
+
+def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCommand:
+    device = opts.device or ("cuda" if cuda_available() else "cpu")
+    argv = [
+        python, "-m", "sglang.launch_server",
+        "--model-path", str(opts.model_path),
+        "--host", opts.host,
+        "--port", str(opts.port),
+        "--nccl-port", str(opts.nccl_port if opts.nccl_port is not None else opts.port + 1),
+        "--random-seed", str(opts.random_seed),
+        "--log-level", opts.log_level,
+    ]
+    env: dict[str, str] = {}
+    if device == "cpu":
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+        argv += [
+            "--device", "cpu",
+            "--attention-backend", CPU_ATTENTION_BACKEND,
+            "--sampling-backend", "pytorch",
+            "--cuda-graph-backend-decode", "disabled",
+            "--cuda-graph-backend-prefill", "disabled",
+            "--max-total-tokens", str(opts.max_total_tokens or CPU_MAX_TOTAL_TOKENS),
+            # The overlap scheduler's extra thread fights the compute threads for the few
+            # cores: measured ~7x slower decode on the 2-core dev box (0.65 vs 0.09 s/token).
+            "--disable-overlap-schedule",
+            # An idle sglang scheduler busy-polls its sockets (~1 core at 100%); on a shared
+            # 2-core box an idle server would halve everyone else's throughput. This makes it
+            # block in zmq poll instead (wakes immediately on a request).
+            "--sleep-on-idle",
+        ]
+    elif opts.max_total_tokens:
+        argv += ["--max-total-tokens", str(opts.max_total_tokens)]
+    if opts.dtype:
+        argv += ["--dtype", opts.dtype]
+    if opts.context_length:
+        argv += ["--context-length", str(opts.context_length)]
+    if opts.max_running_requests:
+        argv += ["--max-running-requests", str(opts.max_running_requests)]
+    if opts.enable_metrics:
+        argv.append("--enable-metrics")
+    argv += _spec_args(opts)
+    argv += list(opts.extra_args)
+    env.update(dict(opts.extra_env))
+    return LaunchCommand(argv, env, device)

@@ -1,0 +1,108 @@
+"""Launch sglang's real server for sglang-echo (CPU platform when there is no GPU).
+
+    python -m sglang_echo.serve.launch --spec none|ngram|eagle3|echo --port 30000 \
+        [--draft PATH] [--model DIR] [--dtype float32] [--enable-metrics] [--log-file F] \
+        [--dry-run] [-- <extra sglang args>]
+
+Prepares SmolLM2-135M-Instruct (cached) unless --model is given, prints what it is about to
+run, then exec()s `python -m sglang.launch_server` so signals go straight to sglang.
+Exit code 2: a configuration that cannot run (ECHO plugin missing, EAGLE-3 without --draft).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from sglang_echo.serve.flags import SPECS, LaunchError, ServerOptions, SpecOptions, build_command
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m sglang_echo.serve.launch", description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", choices=SPECS, default="none")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--model", type=Path, default=None, help="target checkpoint (default: prepared SmolLM2)")
+    ap.add_argument("--draft", type=Path, default=None, help="EAGLE-3 draft head dir (eagle3/echo)")
+    ap.add_argument("--dtype", default=None, help="e.g. bfloat16 | float32 (default: checkpoint's)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    ap.add_argument("--max-total-tokens", type=int, default=None)
+    ap.add_argument("--num-steps", type=int, default=SpecOptions.num_steps)
+    ap.add_argument("--eagle-topk", type=int, default=SpecOptions.eagle_topk)
+    ap.add_argument("--num-draft-tokens", type=int, default=SpecOptions.num_draft_tokens)
+    ap.add_argument("--enable-metrics", action="store_true")
+    ap.add_argument("--log-file", type=Path, default=None, help="send server output here instead of the terminal")
+    ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: passed to sglang verbatim")
+    args = ap.parse_args(argv)
+    if args.extra and args.extra[0] == "--":
+        args.extra = args.extra[1:]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    opts = ServerOptions(
+        model_path=args.model or Path("<prepared>"),
+        port=args.port,
+        host=args.host,
+        spec=args.spec,
+        draft_path=args.draft,
+        spec_options=SpecOptions(args.num_steps, args.eagle_topk, args.num_draft_tokens),
+        device=args.device,
+        dtype=args.dtype,
+        max_total_tokens=args.max_total_tokens,
+        enable_metrics=args.enable_metrics,
+        extra_args=tuple(args.extra),
+    )
+    needs_draft = args.spec in ("eagle3", "echo") and args.draft is None
+    try:
+        # Validate spec/draft before the (possibly slow) model preparation.
+        build_command(replace(opts, draft_path=Path("<early-exit>")) if needs_draft else opts)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    if args.draft is not None and not (args.draft / "config.json").is_file():
+        print(f"error: --draft {args.draft}: no config.json there", file=sys.stderr)
+        return 2
+
+    if args.model is None:
+        from sglang_echo.models.prepare import prepare
+
+        res = prepare()
+        print(f"[sglang-echo] model: {res.path} ({'cached' if res.cached else f'prepared in {res.seconds:.0f}s'})")
+        opts = replace(opts, model_path=res.path)
+    else:
+        print(f"[sglang-echo] model: {args.model}")
+    if needs_draft:
+        from sglang_echo.models.drafts import early_exit_draft
+
+        args.draft = early_exit_draft(opts.model_path)
+        opts = replace(opts, draft_path=args.draft)
+        print("[sglang-echo] no --draft given and no trained EAGLE-3 head ships yet: using an "
+              "early-exit head built from the target's own layers (sglang_echo/models/drafts.py)")
+    cmd = build_command(opts)
+    if args.draft:
+        print(f"[sglang-echo] draft: {args.draft}")
+    print(f"[sglang-echo] device: {cmd.device}; spec: {args.spec}; url: {opts.base_url}")
+    print("[sglang-echo] env: " + " ".join(f"{k}={v}" for k, v in cmd.env.items()))
+    print("[sglang-echo] exec: " + shlex.join(cmd.argv))
+    print(f"[sglang-echo] logs: {args.log_file or 'this terminal (stdout/stderr)'}", flush=True)
+    if args.dry_run:
+        return 0
+    if args.log_file:
+        args.log_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(args.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    os.execve(cmd.argv[0], cmd.argv, {**os.environ, **cmd.env})
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""`SGLangServer`: run a real sglang server as a subprocess for tests and benchmarks.
+
+    with SGLangServer(ServerOptions(model_path=..., port=32010)) as srv:
+        requests.post(srv.url("/v1/completions"), json=...)
+
+Starts the server in its own process group (sglang forks scheduler/detokenizer children),
+waits for GET /health, sends all output to a log file, and on exit always kills the whole
+group -- also when start-up fails or the test process is interrupted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from sglang_echo.serve.flags import LaunchCommand, ServerOptions, build_command
+
+_LIVE: set["SGLangServer"] = set()
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def find_free_port_pair(lo: int = 32000, hi: int = 32099, host: str = "127.0.0.1") -> int:
+    """Lowest even port p in [lo, hi) with p and p+1 free (HTTP + sglang's rendezvous port)."""
+    for p in range(lo + (lo % 2), hi, 2):
+        if port_is_free(p, host) and port_is_free(p + 1, host):
+            return p
+    raise ServerStartError(f"no free port pair in {lo}-{hi}")
+
+
+class SGLangServer:
+    def __init__(
+        self,
+        opts: ServerOptions,
+        *,
+        log_path: Path | None = None,
+        startup_timeout: float = 600.0,
+        health_path: str = "/health",
+    ) -> None:
+        self.opts = opts
+        self.command: LaunchCommand = build_command(opts)
+        if log_path is None:
+            log_dir = Path(tempfile.gettempdir()) / "sglang-echo-logs"
+            log_dir.mkdir(parents=True, exist_ok=True)
+            log_path = log_dir / f"server-{opts.spec}-{opts.port}-{int(time.time())}.log"
+        self.log_path = Path(log_path)
+        self.startup_timeout = startup_timeout
+        self.health_path = health_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.startup_seconds: float | None = None
+
+    # -- addresses ---------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return self.opts.base_url
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.proc is not None:
+            raise RuntimeError("already started")
+        for p in (self.opts.port, self.opts.port + 1):
+            if not port_is_free(p, self.opts.host):
+                raise ServerStartError(f"port {p} on {self.opts.host} is already in use")
+        env = {**os.environ, **self.command.env}
+        log = open(self.log_path, "ab")
+        log.write(("$ " + " ".join(self.command.argv) + "\n").encode())
+        log.write(("env+ " + repr(self.command.env) + "\n").encode())
+        log.flush()
+        try:
+            # start_new_session: own process group, so stop() can kill sglang's children too.
+            self.proc = subprocess.Popen(
+                self.command.argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        finally:
+            log.close()  # the child holds its own descriptor
+        _LIVE.add(self)
+
+    def healthy(self, timeout: float = 5.0) -> bool:
+        try:
+            with urllib.request.urlopen(self.url(self.health_path), timeout=timeout) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def wait_healthy(self) -> float:
+        assert self.proc is not None
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < self.startup_timeout:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise ServerStartError(
+                    f"sglang exited with code {rc} during start-up; log: {self.log_path}\n"
+                    + self.log_tail()
+                )
+            if self.healthy():
+                self.startup_seconds = time.monotonic() - t0
+                return self.startup_seconds
+            time.sleep(0.5)
+        raise ServerStartError(
+            f"sglang not healthy after {self.startup_timeout:.0f}s; log: {self.log_path}\n"
+            + self.log_tail()
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Terminate the whole process group: SIGTERM, then SIGKILL after `grace` seconds."""
+        proc, self.proc = self.proc, None
+        _LIVE.discard(self)
+        if proc is None:
+            return
+        pgid = proc.pid  # == pgid thanks to start_new_session
+        children = _descendants(proc.pid)
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(pgid, signal.SIGKILL)
+        # Children that left the group (setsid) are still ours: kill them by pid.
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> "SGLangServer":
+        self.start()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        import psutil
+
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except Exception:
+        return []
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    # Last line of defence (e.g. KeyboardInterrupt between start() and the with-block).
+    for srv in list(_LIVE):
+        srv.stop(grace=2.0)

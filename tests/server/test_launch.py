@@ -1,0 +1,79 @@
+"""Launcher CLI and command building (fast: nothing is started)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_echo.serve.flags import (
+    LaunchError,
+    ServerOptions,
+    SpecOptions,
+    build_command,
+    echo_plugin_available,
+)
+from sglang_echo.serve.server import SGLangServer, ServerStartError
+
+
+def _launch(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sglang_echo.serve.launch", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_echo_flags_leave_the_tree_shape_to_echo(tmp_path: Path) -> None:
+    assert echo_plugin_available()
+    cmd = build_command(ServerOptions(model_path=tmp_path, spec="echo", draft_path=tmp_path))
+    argv = " ".join(cmd.argv)
+    assert f"--speculative-algorithm ECHO --speculative-draft-model-path {tmp_path}" in argv
+    assert "--speculative-eagle-topk" not in argv  # ECHO picks its own tree shape
+
+
+@pytest.mark.parametrize("spec", ["eagle3", "echo"])
+def test_without_draft_the_early_exit_head_is_used(spec: str, smollm2_dir: Path) -> None:
+    r = _launch("--spec", spec, "--port", "32098", "--dry-run", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "early-exit head" in r.stdout
+    assert "-early-exit-eagle3" in r.stdout.split("exec:")[1]
+
+
+def test_a_draft_dir_without_config_is_refused(tmp_path: Path) -> None:
+    r = _launch("--spec", "eagle3", "--port", "32098", "--draft", str(tmp_path))
+    assert r.returncode == 2
+    assert "no config.json" in r.stderr
+
+
+def test_dry_run_prints_cpu_command(smollm2_dir: Path) -> None:
+    r = _launch("--spec", "ngram", "--port", "32098", "--dry-run", "--device", "cpu",
+                "--", "--enable-cache-report")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert str(smollm2_dir) in out
+    for needle in ("SGLANG_USE_CPU_ENGINE=1", "--device cpu", "--attention-backend echo_torch",
+                   "--speculative-algorithm NGRAM", "--host 127.0.0.1", "--port 32098",
+                   "--nccl-port 32099", "--enable-cache-report", "logs:"):
+        assert needle in out, needle
+
+
+def test_build_command_eagle3_gpu_has_no_cpu_flags(tmp_path: Path) -> None:
+    cmd = build_command(ServerOptions(model_path=tmp_path, spec="eagle3", draft_path=tmp_path,
+                                      device="cuda", spec_options=SpecOptions(5, 4, 8)))
+    argv = " ".join(cmd.argv)
+    assert "SGLANG_USE_CPU_ENGINE" not in cmd.env and "--device cpu" not in argv
+    assert "--speculative-algorithm EAGLE3" in argv
+    assert "--speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8" in argv
+    with pytest.raises(LaunchError):
+        build_command(ServerOptions(model_path=tmp_path, spec="bogus"))
+
+
+def test_failed_start_is_reported_and_cleaned_up(tmp_path: Path) -> None:
+    """A server that dies during start-up raises with its log tail and leaves no process."""
+    srv = SGLangServer(ServerOptions(model_path=tmp_path / "missing", port=32096, device="cpu"),
+                       log_path=tmp_path / "log.txt", startup_timeout=120)
+    with pytest.raises(ServerStartError) as ei:
+        with srv:
+            pass
+    assert "exited with code" in str(ei.value)
+    assert srv.proc is None
