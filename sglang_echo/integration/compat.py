@@ -1,0 +1,169 @@
+"""The compatibility hook table: every sglang attribute the ECHO plugin overrides or calls.
+
+Each row names a module, a dotted attribute and the parameter names we rely on (in order, as
+``inspect.signature`` reports them; ``None`` = only existence is checked). The plugin checks
+the ``"register"`` rows when it registers (cheap: those modules are already imported when
+sglang loads plugins) and the ``"worker"`` rows in the scheduler, right before it builds the
+worker (importing the EAGLE worker costs seconds, so registration stays lazy). On any
+difference it refuses with a message naming the row, rather than failing somewhere deep in a
+forward pass. ``tests/integration/test_registration.py`` checks the whole table.
+
+Pinned against sglang 0.5.23 (``TESTED_SGLANG``). A different version whose rows all match is
+accepted (with a warning).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+TESTED_SGLANG = "0.5.23"
+
+
+class EchoCompatError(RuntimeError):
+    """The installed sglang differs from what the ECHO plugin was written against."""
+
+
+@dataclass(frozen=True)
+class Hook:
+    module: str
+    attr: str  # dotted, e.g. "EAGLEWorkerV2.verify"
+    params: Optional[tuple[str, ...]]  # expected parameter names, in order (prefix), or None
+    why: str
+    phase: str = "worker"  # "register" or "worker"
+
+
+_SI = "sglang.srt.speculative.spec_info"
+_SR = "sglang.srt.speculative.spec_registry"
+_EW = "sglang.srt.speculative.eagle_worker_v2"
+_EC = "sglang.srt.speculative.eagle_worker_common"
+
+HOOKS: tuple[Hook, ...] = (
+    # -- registration (plugin.register, spec.EchoSpecAlgo) ---------------------------------
+    Hook(_SI, "SpeculativeAlgorithm.register", ("name", "supports_overlap", "validate_server_args", "spec_class"),
+         "registers ECHO", "register"),
+    Hook(_SI, "SpeculativeAlgorithm.from_string", ("name",), "resolves --speculative-algorithm ECHO", "register"),
+    Hook(_SR, "CustomSpecAlgo.__init__", ("self", "name", "factory", "supports_overlap", "validate_server_args"),
+         "EchoSpecAlgo base class", "register"),
+    Hook(_SR, "CustomSpecAlgo.handle_server_args", ("self", "server_args"), "EchoSpecAlgo.handle_server_args override", "register"),
+    Hook(_SR, "CustomSpecAlgo.create_worker", ("self", "server_args"), "calls our factory", "register"),
+    Hook(_SR, "get_spec", ("name",), "idempotent registration", "register"),
+    # Methods the enum has and CustomSpecAlgo lacks; EchoSpecAlgo mirrors them (memo 1.2).
+    Hook(_SI, "SpeculativeAlgorithm.create_future_map",
+         ("self", "device", "req_to_token_pool", "needs_cpu_seq_lens", "needs_confidence_relay"),
+         "EchoSpecAlgo.create_future_map mirrors it", "register"),
+    Hook(_SI, "SpeculativeAlgorithm.need_topk", ("self",), "EchoSpecAlgo.need_topk", "register"),
+    Hook(_SI, "SpeculativeAlgorithm.carries_draft_hidden_states", ("self",), "EchoSpecAlgo mirrors it", "register"),
+    Hook(_SI, "SpeculativeAlgorithm.get_platform_worker_cls", ("self",), "EchoSpecAlgo mirrors it", "register"),
+    Hook("sglang.srt.managers.overlap_utils", "FutureMap",
+         ("device", "spec_algo", "req_to_token_pool", "needs_cpu_seq_lens", "needs_confidence_relay"),
+         "EchoSpecAlgo.create_future_map builds it", "worker"),
+    # -- the worker -------------------------------------------------------------------------
+    Hook(_EW, "EAGLEWorkerV2.__init__", ("self", "server_args", "gpu_id", "nccl_port", "target_worker"),
+         "EchoWorker base; scheduler constructs it with these arguments"),
+    Hook(_EW, "EAGLEWorkerV2.verify", ("self", "batch", "pp_proxy_tensors", "grammar_barrier"), "overridden by EchoWorker"),
+    Hook(_EW, "EAGLEWorkerV2.on_verify_complete_cpu", ("self", "num_correct_drafts_per_req", "batch_size"),
+         "overridden (metrics)"),
+    Hook(_EW, "EAGLEWorkerV2._draft_worker", None, "class-swapped to EchoDraftWorker (instance attribute)"),
+    Hook(_EW, "EagleDraftWorker.draft", ("self", "batch", "with_topology"), "overridden by EchoDraftWorker"),
+    Hook(_EW, "EagleDraftWorker.draft_forward", ("self", "forward_batch"), "replaced by the frontier drafter"),
+    Hook(_EC, "prepare_for_draft",
+         ("draft_input", "req_to_token_pool", "batch", "cuda_graph_runner", "draft_model_runner", "topk", "num_steps",
+          "target_translator", "num_draft_tokens"), "called by EchoDraftWorker.draft"),
+    Hook(_EC, "run_eagle_verify",
+         ("batch", "target_worker", "req_to_token_pool", "token_to_kv_pool_allocator", "plan_stream", "plan_stream_ctx",
+          "topk", "num_draft_tokens", "device", "metadata_ready_pre_pad", "finalize_tree_path", "pp_proxy_tensors",
+          "grammar_barrier"), "called by EchoWorker.verify"),
+    Hook("sglang.srt.speculative.eagle_utils", "per_step_draft_out_cache_loc",
+         ("out_cache_loc", "batch_size", "topk", "num_steps"), "draft KV lanes"),
+    Hook("sglang.srt.speculative.eagle_utils", "TreeMaskMode.QLEN_ONLY", None, "verify mask layout"),
+    Hook("sglang.srt.speculative.eagle_utils", "TreeMaskMode.FULL_MASK", None, "verify mask layout"),
+    Hook("sglang.srt.speculative.eagle_info", "EagleVerifyInput",
+         ("draft_token", "custom_mask", "positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling",
+          "retrieve_cum_len", "spec_steps", "topk", "draft_token_num", "capture_hidden_mode", "seq_lens_sum",
+          "seq_lens_cpu"), "EchoVerifyInput base"),
+    Hook("sglang.srt.speculative.eagle_info", "EagleVerifyInput.create_idle_input",
+         ("topk", "spec_steps", "num_verify_tokens", "device"), "idle batches"),
+    Hook("sglang.srt.speculative.eagle_info", "EagleVerifyInput.tree_topk", None, "overridden (-1: irregular tree)"),
+    Hook("sglang.srt.speculative.spec_utils", "fast_topk", ("values", "topk", "dim"), "draft children"),
+    Hook("sglang.srt.speculative.spec_utils", "renorm_draft_probs",
+         ("next_token_logits", "sampling_info", "use_rejection_sampling"), "draft distribution"),
+    Hook("sglang.srt.model_executor.forward_context", "forward_context", ("ctx", "forward_batch"), "draft forward"),
+    Hook("sglang.srt.model_executor.forward_context", "ForwardContext", ("attn_backend",), "draft forward"),
+    Hook("sglang.srt.managers.utils", "GenerationBatchResult", None, "verify result; we set cap_lens"),
+)
+
+
+def _resolve(hook: Hook):
+    obj = importlib.import_module(hook.module)
+    for part in hook.attr.split("."):
+        if part == "_draft_worker":  # instance attribute: check the constructor assigns it
+            src = inspect.getsource(obj.__init__)
+            if "self._draft_worker" not in src:
+                raise AttributeError("EAGLEWorkerV2.__init__ no longer assigns self._draft_worker")
+            return None
+        obj = getattr(obj, part)
+    return obj
+
+
+def check_hooks(phase: Optional[str] = None) -> list[str]:
+    """Problems found (empty = compatible). ``phase`` selects "register" or "worker" rows."""
+    problems = []
+    for h in HOOKS:
+        if phase is not None and h.phase != phase:
+            continue
+        where = f"{h.module}:{h.attr} ({h.why})"
+        try:
+            obj = _resolve(h)
+        except (ImportError, AttributeError) as e:
+            problems.append(f"{where}: missing ({type(e).__name__}: {e})")
+            continue
+        if h.params is None or obj is None:
+            continue
+        if h.attr == "GenerationBatchResult":
+            continue
+        try:
+            got = tuple(inspect.signature(obj).parameters)
+        except (TypeError, ValueError) as e:
+            problems.append(f"{where}: no inspectable signature ({e})")
+            continue
+        if got[: len(h.params)] != h.params:
+            problems.append(f"{where}: expected parameters {h.params}, installed sglang has {got}")
+    if phase in (None, "worker"):
+        try:
+            from sglang.srt.managers.utils import GenerationBatchResult
+
+            if "cap_lens" not in inspect.signature(GenerationBatchResult).parameters:
+                problems.append("sglang.srt.managers.utils:GenerationBatchResult has no cap_lens field")
+        except Exception as e:  # pragma: no cover - import failure is reported above
+            problems.append(f"sglang.srt.managers.utils:GenerationBatchResult: {e}")
+    return problems
+
+
+def sglang_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:
+        import sglang
+
+        return getattr(sglang, "__version__", "unknown")
+
+
+def assert_compatible(phase: Optional[str] = None) -> None:
+    problems = check_hooks(phase)
+    ver = sglang_version()
+    if problems:
+        raise EchoCompatError(
+            f"ECHO plugin: the installed sglang {ver} differs from the tested {TESTED_SGLANG} in "
+            f"{len(problems)} hook(s) the plugin depends on; refusing to register/run:\n  - "
+            + "\n  - ".join(problems)
+        )
+    if ver != TESTED_SGLANG:
+        log.warning("ECHO plugin: sglang %s is untested (tested: %s); all hooks match", ver, TESTED_SGLANG)

@@ -1,0 +1,241 @@
+"""ECHO settings for the sglang plugin.
+
+ServerArgs has no free-form field, so ECHO's own knobs travel as environment variables (they
+reach every sglang subprocess). Resolution order, later wins:
+
+1. documented defaults (below);
+2. the standard speculative flags: ``--speculative-num-steps`` -> ``max_depth``,
+   ``--speculative-eagle-topk`` -> ``w_max``, ``--speculative-num-draft-tokens`` -> ``width``;
+3. the file named by ``SGLANG_ECHO_CONFIG`` (``.json`` or ``.toml``; a top-level table or an
+   ``[echo]`` table), or inline JSON when the value starts with ``{``;
+4. per-field environment overrides ``SGLANG_ECHO_<FIELD>`` (``SGLANG_ECHO_POLICY``,
+   ``SGLANG_ECHO_K_MAX``, ``SGLANG_ECHO_MAX_DEPTH``, ``SGLANG_ECHO_W_DEF``, ``SGLANG_ECHO_W_MAX``,
+   ``SGLANG_ECHO_WIDTH``, ``SGLANG_ECHO_CALIBRATION``, ``SGLANG_ECHO_DRAFTER``).
+
+Defaults: policy ``echo``, ``k_max`` 64 (batch verification cap, roots included), ``max_depth``
+4, ``w_def`` 1, ``w_max`` 2, no calibration file (the paper's default gates, logged loudly),
+drafter ``eagle3``. ``width`` (the padded verify width W) defaults to the widest tree the policy
+can build: ``max(max_depth + 1, min(k_max, 1 + max_depth * w_def + w_max))``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+log = logging.getLogger(__name__)
+
+ENV_CONFIG = "SGLANG_ECHO_CONFIG"
+ENV_PREFIX = "SGLANG_ECHO_"
+DRAFTERS = ("eagle3",)
+# Policies whose tree grows by the elastic scheduler (frontier w_def, children w_max).
+ELASTIC = ("echo", "dense-gating", "fixed-threshold")
+
+
+class EchoConfigError(ValueError):
+    """An ECHO setting is invalid; the message names the setting and where it came from."""
+
+
+@dataclass(frozen=True)
+class EchoConfig:
+    policy: str = "echo"
+    k_max: int = 64
+    max_depth: int = 4
+    w_def: int = 1
+    w_max: int = 2
+    width: Optional[int] = None  # None: derived (see module docstring)
+    calibration: Optional[str] = None
+    drafter: str = "eagle3"
+    fixed_tau: float = 0.3
+    source: str = "defaults"
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def max_tree_nodes(self) -> int:
+        """Most nodes (root included) one request's tree can get under this policy."""
+        if self.policy in ELASTIC:
+            return 1 + self.max_depth * self.w_def + self.w_max
+        if self.policy == "ar":
+            return 1
+        if self.policy == "static-tree":
+            return self.width or self.max_depth + 1
+        return 1 + self.max_depth  # chain, budgeted-chain
+
+    @property
+    def frontier_width(self) -> int:
+        """Frontier slots per request the drafter must expand at one depth."""
+        if self.policy in ELASTIC:
+            return self.w_def
+        if self.policy == "static-tree":
+            return self.w_max
+        return 1
+
+    def resolved_width(self) -> int:
+        if self.width is not None:
+            return self.width
+        if self.policy == "static-tree":
+            return max(self.max_depth + 1, min(self.k_max, 1 + self.max_depth * self.w_max))
+        return max(self.max_depth + 1, min(self.k_max, 1 + self.max_depth * self.w_def + self.w_max))
+
+    def validate(self) -> "EchoConfig":
+        from sglang_echo.core.factory import POLICIES
+
+        def bad(msg: str) -> EchoConfigError:
+            return EchoConfigError(f"ECHO config ({self.source}): {msg}")
+
+        if self.policy not in POLICIES:
+            raise bad(f"policy={self.policy!r} is unknown; choose one of {', '.join(POLICIES)}")
+        if self.drafter not in DRAFTERS:
+            raise bad(f"drafter={self.drafter!r} is not supported; choose one of {', '.join(DRAFTERS)}")
+        if self.k_max < 1:
+            raise bad(f"k_max={self.k_max} must be >= 1 (it counts every request's root)")
+        if self.max_depth < 1:
+            raise bad(f"max_depth={self.max_depth} must be >= 1 (use policy='ar' for no drafting)")
+        if not 1 <= self.w_def <= self.w_max:
+            raise bad(f"need 1 <= w_def <= w_max, got w_def={self.w_def}, w_max={self.w_max}")
+        if self.w_max < 2:
+            raise bad(f"w_max={self.w_max} must be >= 2 (the verify path needs a tree, topk >= 2)")
+        if not 0.0 <= self.fixed_tau <= 1.0:
+            raise bad(f"fixed_tau={self.fixed_tau} must be a probability in [0, 1]")
+        W = self.resolved_width()
+        if W < self.max_depth + 1:
+            raise bad(f"width={W} must be >= max_depth + 1 = {self.max_depth + 1}")
+        if self.policy != "static-tree" and W < self.max_tree_nodes and W < self.k_max:
+            raise bad(
+                f"width={W} is smaller than the widest tree policy {self.policy!r} can build "
+                f"({self.max_tree_nodes} nodes = 1 + max_depth*w_def + w_max); raise "
+                "--speculative-num-draft-tokens / width or lower max_depth / w_max"
+            )
+        if self.calibration is not None and not Path(self.calibration).is_file():
+            raise bad(
+                f"calibration file {self.calibration!r} not found (run echo-calibrate, or unset "
+                "it to gate with the documented defaults)"
+            )
+        return self
+
+    def policy_config(self):
+        from sglang_echo.core.factory import PolicyConfig
+
+        return PolicyConfig(
+            k_max=self.k_max, max_depth=self.max_depth, w_def=self.w_def, w_max=self.w_max,
+            topk=self.w_max, total_tokens=self.resolved_width(), fixed_tau=self.fixed_tau,
+        )
+
+    def describe(self) -> str:
+        d = asdict(self)
+        d["width"] = self.resolved_width()
+        return ", ".join(f"{k}={v}" for k, v in d.items() if k != "source") + f" [{self.source}]"
+
+
+_INT = {"k_max", "max_depth", "w_def", "w_max", "width"}
+_FLOAT = {"fixed_tau"}
+_FIELDS = {f.name for f in fields(EchoConfig)} - {"source"}
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    if value is None:
+        return None
+    try:
+        if key in _INT:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if key in _FLOAT:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise EchoConfigError(f"ECHO config ({where}): {key}={value!r} is not a valid "
+                              f"{'integer' if key in _INT else 'number' if key in _FLOAT else 'string'}") from None
+
+
+def _read_file(spec: str) -> tuple[dict, str]:
+    if spec.lstrip().startswith("{"):
+        where = f"${ENV_CONFIG} (inline JSON)"
+        try:
+            raw = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise EchoConfigError(f"ECHO config ({where}): not valid JSON ({e})") from None
+    else:
+        p = Path(spec).expanduser()
+        where = f"{p}"
+        if not p.is_file():
+            raise EchoConfigError(f"ECHO config: ${ENV_CONFIG}={spec!r} does not name a file")
+        try:
+            if p.suffix == ".toml":
+                import tomllib
+
+                raw = tomllib.loads(p.read_text())
+            else:
+                raw = json.loads(p.read_text())
+        except Exception as e:  # JSON or TOML syntax error
+            raise EchoConfigError(f"ECHO config ({where}): cannot parse ({type(e).__name__}: {e})") from None
+    if isinstance(raw, dict) and isinstance(raw.get("echo"), dict):
+        raw = raw["echo"]
+    if not isinstance(raw, dict):
+        raise EchoConfigError(f"ECHO config ({where}): expected a table/object of settings")
+    unknown = sorted(set(raw) - _FIELDS)
+    if unknown:
+        raise EchoConfigError(f"ECHO config ({where}): unknown setting(s) {unknown}; known: {sorted(_FIELDS)}")
+    return {k: _coerce(k, v, where) for k, v in raw.items()}, where
+
+
+def load_config(
+    *,
+    num_steps: Optional[int] = None,
+    topk: Optional[int] = None,
+    num_draft_tokens: Optional[int] = None,
+    environ: Optional[Mapping[str, str]] = None,
+) -> EchoConfig:
+    """Resolve (defaults < flags < file < env) and validate; see the module docstring."""
+    env = os.environ if environ is None else environ
+    cfg, sources = EchoConfig(), []
+    flags = {"max_depth": num_steps, "w_max": topk, "width": num_draft_tokens}
+    flags = {k: v for k, v in flags.items() if v is not None}
+    if flags:
+        cfg, sources = replace(cfg, **flags), sources + ["--speculative-* flags"]
+    spec = env.get(ENV_CONFIG)
+    if spec:
+        values, where = _read_file(spec)
+        cfg, sources = replace(cfg, **values), sources + [where]
+    overrides = {}
+    for key in sorted(_FIELDS):
+        raw = env.get(ENV_PREFIX + key.upper())
+        if raw is not None and raw != "":
+            overrides[key] = _coerce(key, raw, f"${ENV_PREFIX}{key.upper()}")
+    if overrides:
+        cfg, sources = replace(cfg, **overrides), sources + ["env " + ",".join(sorted(overrides))]
+    cfg = replace(cfg, source=" < ".join(["defaults"] + sources))
+    return cfg.validate()
+
+
+def load_calibration_for(cfg: EchoConfig, *, model_path: Optional[str] = None, draft_path: Optional[str] = None):
+    """The calibration named by ``cfg.calibration`` (fingerprint-checked against the model and
+    draft directories when they exist), or None (then the documented default gates are used,
+    and this is logged).
+
+    Raises :class:`~sglang_echo.core.calibration_file.CalibrationError` for a missing, malformed
+    or mismatched file.
+    """
+    from sglang_echo.core.calibration_file import fingerprint, load_calibration
+    from sglang_echo.core.gating import GatingConfig
+
+    if cfg.calibration is None:
+        if cfg.policy in ELASTIC:
+            d = GatingConfig.default()
+            log.warning("ECHO: no calibration file (SGLANG_ECHO_CALIBRATION), gating with %s: %s", d.source, d.describe())
+        return None
+
+    def fp(p: Optional[str]) -> Optional[str]:
+        return fingerprint(p) if p and Path(p).is_dir() else None
+
+    return load_calibration(cfg.calibration, model_fingerprint=fp(model_path), drafter_fingerprint=fp(draft_path))
+
+
+def make_echo_policy(cfg: EchoConfig, calibration=None):
+    from sglang_echo.core.factory import make_policy
+
+    return make_policy(cfg.policy, cfg.policy_config(), calibration=calibration)

@@ -1,0 +1,110 @@
+"""The core's drafter protocol (``propose(frontier, k) -> Candidates``) on EAGLE-3's draft model.
+
+Interleaved drafting (memo 7.4 phase 2): the policy chooses, depth by depth, which candidates
+the draft model expands next; this drafter runs one EAGLE draft-decode forward per depth over
+the chosen frontier and returns each frontier node's top-``k`` children.
+
+Layout. sglang's draft KV window per request is ``topk`` lanes x ``num_steps`` steps
+(``prepare_for_draft``); each draft forward runs ``bs * topk`` rows (lane f of request b is row
+``b*topk + f``), writes its KV into ``out_cache_loc[step]`` and attends to the prefix plus its own
+lane's earlier steps. Frontier slot f is put in lane f; slots the policy leaves empty (or whole
+inactive requests) are fed a harmless duplicate (lane 0's token and hidden state) and their
+proposals are masked invalid. As in upstream EAGLE (whose ``select_top_k_tokens`` also re-picks
+parents across lanes), a lane's earlier KV is not necessarily its node's ancestor path: that only
+affects draft quality, never correctness, because the target verifies every token.
+
+Depth 0 needs no forward: the roots' children are the ``topk_p``/``topk_index`` computed by the
+previous step's draft extend (``EagleDraftInput``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from sglang_echo.core.policy import Frontier
+from sglang_echo.core.tree import Candidates
+
+
+class EagleFrontierDrafter:
+    def __init__(self, worker, forward_batch, spec_info, out_cache_loc: Tensor):
+        """``worker`` is the (ECHO) EagleDraftWorker; ``out_cache_loc`` is ``[steps, bs*topk]``."""
+        self.w = worker
+        self.fb = forward_batch
+        self.topk = worker.topk
+        self.bs = forward_batch.batch_size
+        self.out_cache_loc = out_cache_loc
+        topk_index = spec_info.topk_index
+        if worker.hot_token_id is not None:
+            topk_index = worker.hot_token_id[topk_index]
+        self.root_p, self.root_index = spec_info.topk_p, topk_index  # [bs, topk]
+        # Hidden state each candidate of the last proposal would be expanded with, and where.
+        self._hidden: Tensor = spec_info.hidden_states  # [rows, H]
+        self._cand_rows: Optional[Tensor] = None  # [bs, C] row into self._hidden
+        self.forwards = 0
+
+    # -- the protocol ------------------------------------------------------------------------
+    def propose(self, frontier: Frontier, k: int) -> Candidates:
+        k = min(k, self.topk)
+        if frontier.depth == 0:
+            probs, index = self.root_p[:, :k], self.root_index[:, :k]
+            parent = torch.zeros_like(index, dtype=torch.int64)
+            valid = frontier.valid[:, :1].expand_as(index)
+            rows = torch.arange(self.bs, device=index.device)[:, None].expand_as(index)
+            return self._candidates(probs, index, parent, valid, rows)
+        probs, index = self._expand(frontier, k)  # [bs, F, k]
+        B, F = frontier.slots.shape
+        parent = torch.arange(F, device=index.device)[None, :, None].expand(B, F, k)
+        valid = frontier.valid[:, :, None].expand(B, F, k)
+        rows = (torch.arange(B, device=index.device)[:, None, None] * self.topk + parent)
+        return self._candidates(
+            probs.reshape(B, F * k), index.reshape(B, F * k), parent.reshape(B, F * k),
+            valid.reshape(B, F * k), rows.reshape(B, F * k),
+        )
+
+    # -- internals ---------------------------------------------------------------------------
+    def _candidates(self, probs, index, parent, valid, rows) -> Candidates:
+        self._cand_rows = rows
+        valid = valid & (probs > 0)
+        logprob = torch.log(probs.float().clamp(min=1e-30))
+        return Candidates(tokens=index.long(), logprob=logprob, parent=parent.long(), valid=valid)
+
+    def _expand(self, frontier: Frontier, k: int) -> tuple[Tensor, Tensor]:
+        """One draft-decode forward over the frontier (padded to ``topk`` lanes)."""
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+        from sglang.srt.speculative.spec_utils import fast_topk, renorm_draft_probs
+
+        B, F = frontier.slots.shape
+        T = self.topk
+        if F > T:
+            raise RuntimeError(f"ECHO policy asked for a frontier of {F} nodes per request, more than topk={T}")
+        step = frontier.depth - 1  # depth-1 frontier is the first forward (upstream step 0)
+        valid = frontier.valid
+        # Source candidate column of each frontier slot -> hidden-state row; empty -> lane 0.
+        src = frontier.source.clamp(min=0)
+        rows = self._cand_rows.gather(1, src)  # [B, F]
+        # Empty slots (and inactive requests) duplicate lane 0; their children are masked out.
+        rows = torch.where(valid, rows, rows[:, :1])
+        tokens = torch.where(valid, frontier.tokens, frontier.tokens[:, :1])
+        if F < T:  # pad lanes with duplicates of lane 0
+            rows = torch.cat([rows, rows[:, :1].expand(B, T - F)], 1)
+            tokens = torch.cat([tokens, tokens[:, :1].expand(B, T - F)], 1)
+        hidden = self._hidden[rows.flatten()]
+        fb, w = self.fb, self.w
+        fb.input_ids = tokens.flatten().to(torch.int64)
+        fb.out_cache_loc = self.out_cache_loc[step]
+        fb.spec_info.hidden_states = hidden
+        with forward_context(ForwardContext(attn_backend=w.draft_attn_backend.attn_backends[step]), forward_batch=fb):
+            logits_output = w.draft_runner.forward(fb).logits_output
+        fb.positions.add_(1)
+        if w.draft_runner.model_config.model_is_mrope:
+            fb.mrope_positions.add_(1)
+        self.forwards += 1
+        probs = renorm_draft_probs(logits_output.next_token_logits, fb.sampling_info, False)
+        topk_p, topk_index = fast_topk(probs, T, dim=-1)
+        if w.hot_token_id is not None:
+            topk_index = w.hot_token_id[topk_index]
+        self._hidden = logits_output.hidden_states  # [B*T, H]
+        return topk_p.view(B, T, T)[:, :F, :k], topk_index.view(B, T, T)[:, :F, :k]

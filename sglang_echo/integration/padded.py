@@ -1,0 +1,74 @@
+"""Padded-dense verify layout: our CSR draft trees -> the tensors of sglang's EagleVerifyInput.
+
+Every request gets exactly ``W`` slots (``W = --speculative-num-draft-tokens``); request ``b``
+uses slots ``[0, K_b)`` for its real tree (root first, topologically ordered) and the rest are
+*padding nodes* (memo section 7.2):
+
+* token = the root token (in-vocab), position = ``seq_len_b`` (depth 0);
+* mask row = the diagonal only (never an all-false row), and no real node sees the padding;
+* ``retrieve_index[b, j] = b*W + j`` (global flat id, as sglang indexes ``predict``/logits);
+* ``retrieve_next_token = retrieve_next_sibling = -1`` and no real node links to it, so sglang's
+  acceptance (greedy or target-only sampling) never reaches it.
+
+Pure torch, no sglang import: unit-testable without a server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from sglang_echo.core.pack import child_links, pad_trees
+from sglang_echo.core.tree import DraftTrees
+
+
+@dataclass
+class DenseVerifyTensors:
+    draft_token: Tensor  # [B*W] int64
+    positions: Tensor  # [B*W] int64
+    custom_mask: Tensor  # bool, QLEN_ONLY [B*W*W] or FULL_MASK [sum_b W*(L_b+W)]
+    retrieve_index: Tensor  # [B, W] int64, b*W + j
+    retrieve_next_token: Tensor  # [B, W] int64 local first child, -1
+    retrieve_next_sibling: Tensor  # [B, W] int64 local next sibling, -1
+    tree_mask: Tensor  # [B, W, W] bool ancestor-or-self (padding: diagonal only)
+    valid: Tensor  # [B, W] bool real nodes
+    sizes: Tensor  # [B] int32 K_b (root included)
+
+
+def to_sglang_dense(trees: DraftTrees, seq_lens: Tensor, width: int, full_mask: bool = False) -> DenseVerifyTensors:
+    """Pack ``trees`` into sglang's dense verify layout of width ``width`` (see module doc)."""
+    B, W = trees.batch_size, width
+    dev = trees.tokens.device
+    seq_lens = seq_lens.to(dev).long()
+    sizes = trees.sizes
+    if B and int(sizes.max()) > W:
+        raise ValueError(f"ECHO built a tree of {int(sizes.max())} nodes, wider than the verify width W={W}")
+    padded = pad_trees(trees, seq_lens, W)
+    valid = padded.valid
+    roots = trees.tokens[trees.indptr[:-1]]
+    tokens = torch.where(valid, padded.tokens, roots[:, None].expand(B, W))
+    positions = torch.where(valid, padded.positions, seq_lens[:, None].expand(B, W))
+    eye = torch.eye(W, dtype=torch.bool, device=dev)[None]
+    mask = padded.mask | (eye & ~valid[:, :, None])  # padding rows: diagonal only
+    next_token, next_sibling = child_links(padded.parents, valid)
+    retrieve_index = torch.arange(B * W, device=dev, dtype=torch.int64).view(B, W)
+    if full_mask:
+        custom_mask = torch.cat(
+            [torch.cat([torch.ones(W, int(L), dtype=torch.bool, device=dev), mask[b]], 1).flatten()
+             for b, L in enumerate(seq_lens.tolist())]
+        ) if B else torch.empty(0, dtype=torch.bool, device=dev)
+    else:
+        custom_mask = mask.flatten()
+    return DenseVerifyTensors(
+        draft_token=tokens.flatten(),
+        positions=positions.flatten(),
+        custom_mask=custom_mask,
+        retrieve_index=retrieve_index,
+        retrieve_next_token=next_token,
+        retrieve_next_sibling=next_sibling,
+        tree_mask=mask,
+        valid=valid,
+        sizes=sizes.to(torch.int32),
+    )

@@ -1,0 +1,98 @@
+"""``EchoSpecAlgo``: ECHO's duck-typed algorithm object, and its server-arg hooks (memo 1.2-1.5).
+
+Both hooks run inside sglang's ``record_foreign_defaults``: reads see the resolved arguments,
+writes to real ``ServerArgs`` fields are recorded as declared resolutions. ``validate_server_args``
+runs first, then ``handle_server_args``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+log = logging.getLogger(__name__)
+
+NAME = "ECHO"
+DEFAULT_MAX_RUNNING_REQUESTS = 48  # as sglang's _handle_eagle_family
+
+
+class EchoSpecAlgo(CustomSpecAlgo):
+    """EAGLE-3-drafted tree speculation whose trees are chosen by an ECHO core policy."""
+
+    def is_eagle(self) -> bool:  # EAGLE plumbing: aux hidden capture, KV sizing, FutureMap
+        return True
+
+    def is_eagle3(self) -> bool:  # EAGLE-3 aux hidden states + hot-token map
+        return True
+
+    def supports_grammar_overlap(self) -> bool:  # verify goes through run_eagle_verify
+        return True
+
+    def need_topk(self) -> bool:  # FutureMap relays topk_p / topk_index / hidden states
+        return True
+
+    def carries_draft_hidden_states(self) -> bool:
+        return True
+
+    def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens: bool = True,
+                          needs_confidence_relay: bool = False):
+        from sglang.srt.managers.overlap_utils import FutureMap
+
+        return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
+
+    def get_platform_worker_cls(self):
+        return None
+
+    def handle_server_args(self, server_args) -> None:
+        handle_server_args(server_args)
+
+
+def _echo_config(sa):
+    from .config import load_config
+
+    return load_config(
+        num_steps=sa.speculative_num_steps,
+        topk=sa.speculative_eagle_topk,
+        num_draft_tokens=sa.speculative_num_draft_tokens,
+    )
+
+
+def validate_server_args(sa) -> None:
+    """Reject what ECHO does not support, with messages that name the flag."""
+    from .config import load_calibration_for
+
+    def no(cond: bool, msg: str) -> None:
+        if cond:
+            raise ValueError(f"--speculative-algorithm ECHO: {msg}")
+
+    no(not sa.speculative_draft_model_path,
+       "needs an EAGLE-3 draft head: pass --speculative-draft-model-path")
+    no((sa.pp_size or 1) > 1, "pipeline parallelism (--pp-size > 1) is not supported")
+    no(bool(sa.enable_dp_attention), "--enable-dp-attention is not supported")
+    no(str(sa.disaggregation_mode or "null") != "null", "prefill/decode disaggregation is not supported")
+    no(bool(sa.speculative_adaptive), "--speculative-adaptive is not supported (ECHO adapts per step itself)")
+    no(bool(sa.speculative_use_rejection_sampling),
+       "--speculative-use-rejection-sampling is chain-only (topk=1); ECHO verifies trees")
+    no(bool(sa.enable_multi_layer_eagle), "--enable-multi-layer-eagle is not supported")
+    no((sa.page_size or 1) > 1, "--page-size > 1 is not supported yet (the draft KV lanes assume page size 1)")
+    no(sa.speculative_eagle_topk is not None and sa.speculative_eagle_topk < 2,
+       f"--speculative-eagle-topk={sa.speculative_eagle_topk}: ECHO needs topk >= 2 (W_max, the tree width)")
+    cfg = _echo_config(sa)  # raises EchoConfigError with the offending setting
+    # A missing, malformed or mismatched calibration file is a start-up error, here in the
+    # main process, before any subprocess starts.
+    load_calibration_for(cfg, model_path=sa.model_path, draft_path=sa.speculative_draft_model_path)
+
+
+def handle_server_args(sa) -> None:
+    cfg = _echo_config(sa)
+    if sa.max_running_requests is None:
+        sa.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
+    if sa.device == "cpu" and not sa.disable_overlap_schedule:
+        sa.disable_overlap_schedule = True
+    if sa.enable_mixed_chunk:
+        sa.enable_mixed_chunk = False
+    sa.speculative_num_steps = cfg.max_depth
+    sa.speculative_eagle_topk = max(2, cfg.w_max, cfg.frontier_width)
+    sa.speculative_num_draft_tokens = cfg.resolved_width()
+    log.info("ECHO: %s", cfg.describe())

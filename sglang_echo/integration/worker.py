@@ -1,0 +1,197 @@
+"""ECHO's speculative worker for sglang 0.5.23: padded-dense mode (memo 7.1-7.3, phase 2).
+
+* :class:`EchoWorker` is ``EAGLEWorkerV2`` (same prefill, draft extend, verify, overlap and
+  idle handling), with the draft worker class-swapped to :class:`EchoDraftWorker` and
+  ``verify()`` passing ``topk >= 2`` and reporting ``cap_lens = K_i``.
+* :class:`EchoDraftWorker.draft` runs the core's ``build_trees`` loop with any core policy
+  (``echo`` and every baseline): the EAGLE-3 draft model drafts depth by depth over the frontier
+  the policy picked (:mod:`.drafter`), the policy keeps the nodes (ECHO Alg. 1 under
+  ``sum K_i <= max(K_max, bs)``), and the trees are padded to W (:mod:`.padded`) into an
+  :class:`EchoVerifyInput` for sglang's unchanged ``verify()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from sglang.srt.speculative.eagle_info import EagleVerifyInput
+from sglang.srt.speculative.eagle_utils import TreeMaskMode, per_step_draft_out_cache_loc
+from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_eagle_verify
+from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+from sglang_echo.core.policy import build_trees
+
+from .config import EchoConfig, load_calibration_for, load_config, make_echo_policy
+from .drafter import EagleFrontierDrafter
+from .metrics import EchoMetrics
+from .padded import to_sglang_dense
+
+log = logging.getLogger(__name__)
+
+
+class EchoVerifyInput(EagleVerifyInput):
+    """An EAGLE verify input whose tree is irregular: ``tree_topk = -1`` makes the CPU attention
+    backends use the mask and the kernels treat the tree as arbitrary (as NGRAM does)."""
+
+    @property
+    def tree_topk(self) -> int:
+        return -1
+
+
+class EchoStepState:
+    """What the draft step hands to verify and the metrics (per scheduler step)."""
+
+    def __init__(self) -> None:
+        self.sizes: Optional[torch.Tensor] = None  # [bs] int32 K_i
+        self.gate_evaluated: Optional[torch.Tensor] = None
+        self.gate_passed: Optional[torch.Tensor] = None
+        self.draft_forwards = 0
+
+
+class EchoDraftWorker(EagleDraftWorker):
+    """Class-swapped in by :class:`EchoWorker`; its extra state lives in ``self.echo_*``."""
+
+    echo_cfg: EchoConfig
+    echo_policy = None
+    echo_width: int = 0
+    echo_step: EchoStepState
+
+    def draft(self, batch, *, with_topology: bool = False):
+        if with_topology:
+            raise NotImplementedError("ECHO does not support pipeline parallelism (pp_size > 1)")
+        steps, W = self.speculative_num_steps, self.echo_width
+        draft_input = batch.spec_info
+        forward_batch, _graph, kv_loc_plan = prepare_for_draft(
+            draft_input, self.req_to_token_pool, batch, None, self.draft_runner, self.topk, steps,
+            target_translator=self.target_worker.model_runner.kv_index_translator,
+            num_draft_tokens=W,
+        )
+        st = self.echo_step = EchoStepState()
+        if batch.forward_mode.is_idle():
+            st.sizes = torch.zeros(0, dtype=torch.int32, device=self.device)
+            return EchoVerifyInput.create_idle_input(self.topk, steps, W, self.device)
+
+        bs = batch.seq_lens.shape[0]
+        policy = self.echo_policy
+        if policy.max_depth > 1 and steps > 1:
+            self.draft_attn_backend.init_forward_metadata(forward_batch)
+            forward_batch.mark_forward_metadata_ready()
+        out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc, bs, self.topk, steps)
+        drafter = EagleFrontierDrafter(self, forward_batch, draft_input, out_cache_loc)
+        roots = draft_input.bonus_tokens.reshape(bs).long()
+        trees, state = build_trees(policy, drafter, roots)
+        st.sizes = trees.sizes.to(torch.int32)
+        st.gate_evaluated, st.gate_passed = state.gate_evaluated, state.gate_passed
+        st.draft_forwards = drafter.forwards
+
+        verify_mask = self.target_worker.model_runner.attn_backend.verify_mask
+        mode = self.tree_mask_mode if verify_mask is None else verify_mask.mode
+        if mode not in (TreeMaskMode.QLEN_ONLY, TreeMaskMode.FULL_MASK):
+            raise NotImplementedError(f"ECHO: tree mask mode {mode} is not supported yet")
+        dense = to_sglang_dense(trees, batch.seq_lens, W, full_mask=mode == TreeMaskMode.FULL_MASK)
+        custom_mask = dense.custom_mask
+        if verify_mask is not None and verify_mask.fits(bs):
+            if mode != TreeMaskMode.QLEN_ONLY:
+                raise NotImplementedError("ECHO: preallocated FULL_MASK verify buffers (CUDA graphs) are not supported yet")
+            buf = verify_mask.buffer.view(-1)[: custom_mask.numel()]
+            buf.copy_(custom_mask.to(buf.dtype))
+            custom_mask = buf
+        verify_input = EchoVerifyInput(
+            draft_token=dense.draft_token,
+            custom_mask=custom_mask,
+            positions=dense.positions,
+            retrieve_index=dense.retrieve_index,
+            retrieve_next_token=dense.retrieve_next_token,
+            retrieve_next_sibling=dense.retrieve_next_sibling,
+            retrieve_cum_len=None,
+            spec_steps=steps,
+            topk=self.topk,
+            draft_token_num=W,
+            capture_hidden_mode=None,
+            seq_lens_sum=None,
+            seq_lens_cpu=None,
+        )
+        if kv_loc_plan is not None:
+            verify_input.kv_loc_plan = kv_loc_plan
+            verify_input.prepared_out_cache_loc = kv_loc_plan.write_virtual
+        return verify_input
+
+
+class EchoWorker(EAGLEWorkerV2):
+    """``EAGLEWorkerV2`` running ECHO (or any core policy) in padded-dense mode."""
+
+    def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        cfg = load_config(
+            num_steps=self.speculative_num_steps,
+            topk=self.topk,
+            num_draft_tokens=self.speculative_num_draft_tokens,
+        )
+        check_consistent(cfg, self.speculative_num_steps, self.topk, self.speculative_num_draft_tokens)
+        calib = load_calibration_for(
+            cfg, model_path=server_args.model_path, draft_path=server_args.speculative_draft_model_path
+        )
+        self.echo_cfg = cfg
+        self.echo_policy = make_echo_policy(cfg, calib)
+        self.echo_width = cfg.resolved_width()
+        dw = self._draft_worker
+        if dw is not None:
+            dw.__class__ = EchoDraftWorker
+            dw.echo_cfg, dw.echo_policy, dw.echo_width = cfg, self.echo_policy, self.echo_width
+            dw.echo_step = EchoStepState()
+            # The captured draft graph returns EAGLE's organized tree; ECHO drafts eagerly.
+            dw.cuda_graph_runner = None
+        self.echo_metrics = EchoMetrics(cfg, enabled=bool(getattr(server_args, "enable_metrics", False)))
+        log.info("ECHO worker: policy %s (%s), %s", self.echo_policy.name, cfg.describe(), "padded-dense verify")
+
+    def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
+        result = run_eagle_verify(
+            batch,
+            pp_proxy_tensors=pp_proxy_tensors,
+            target_worker=self.target_worker,
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
+            plan_stream=self.plan_stream,
+            plan_stream_ctx=self.plan_stream_ctx,
+            topk=max(2, self.topk),  # >= 2: branched accepted paths get compacted to the front
+            num_draft_tokens=self.speculative_num_draft_tokens,
+            device=self.device,
+            metadata_ready_pre_pad=False,
+            finalize_tree_path=True,
+            grammar_barrier=grammar_barrier,
+        )
+        st = getattr(self._draft_worker, "echo_step", None)
+        if st is not None and st.sizes is not None and not batch.forward_mode.is_idle():
+            result.cap_lens = st.sizes
+            self._check_budget(st.sizes)
+            self.echo_metrics.on_step(st)
+        return result
+
+    def _check_budget(self, sizes: torch.Tensor) -> None:
+        if not getattr(self.echo_policy, "budgeted", False):
+            return
+        total, bs = int(sizes.sum()), sizes.numel()
+        cap = max(self.echo_cfg.k_max, bs)
+        if total > cap:
+            self.echo_metrics.budget_exceeded()
+            log.error("ECHO: step verified %d tokens for %d requests, over the budget max(K_max=%d, bs)", total, bs, self.echo_cfg.k_max)
+
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
+        super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
+        self.echo_metrics.on_accept(num_correct_drafts_per_req)
+
+
+def check_consistent(cfg: EchoConfig, steps: int, topk: int, num_draft_tokens: int) -> None:
+    """The scheduler's server args must be what ``EchoSpecAlgo.handle_server_args`` set."""
+    problems = []
+    if steps != cfg.max_depth:
+        problems.append(f"--speculative-num-steps={steps} but ECHO max_depth={cfg.max_depth}")
+    if topk < max(2, cfg.w_max, cfg.frontier_width):
+        problems.append(f"--speculative-eagle-topk={topk} < ECHO w_max={cfg.w_max}")
+    if num_draft_tokens != cfg.resolved_width():
+        problems.append(f"--speculative-num-draft-tokens={num_draft_tokens} but ECHO width={cfg.resolved_width()}")
+    if problems:
+        raise ValueError("ECHO: inconsistent speculative settings: " + "; ".join(problems))

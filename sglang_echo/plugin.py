@@ -1,0 +1,56 @@
+"""sglang general plugin: registers ``--speculative-algorithm ECHO``.
+
+Entry point ``sglang.srt.plugins: echo = "sglang_echo.plugin:register"``. sglang calls it (via
+``load_plugins()``) in the main process before parsing args and again in every spawned
+scheduler/detokenizer process. Registration is unconditional (CPU and GPU), idempotent, and
+cheap: the worker (which imports sglang's EAGLE worker) is imported by the factory only when
+the scheduler builds it.
+
+sglang logs, rather than raises, exceptions from plugins; so an incompatible sglang is reported
+by ``register()`` raising :class:`~sglang_echo.integration.compat.EchoCompatError` (logged by
+sglang, after which ``ECHO`` is an unknown algorithm), and again in the factory.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+NAME = "ECHO"
+
+
+def _worker_factory(server_args):
+    from sglang_echo.integration.compat import assert_compatible
+
+    assert_compatible("worker")
+    from sglang_echo.integration.worker import EchoWorker
+
+    return EchoWorker
+
+
+def is_registered() -> bool:
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    return get_spec(NAME) is not None
+
+
+def register() -> None:
+    """Register ECHO with sglang's speculative-algorithm registry (idempotent)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    if get_spec(NAME) is not None:
+        return
+    from sglang_echo.integration.compat import assert_compatible
+
+    assert_compatible("register")
+    from sglang_echo.integration.spec import EchoSpecAlgo, validate_server_args
+
+    SpeculativeAlgorithm.register(
+        NAME,
+        supports_overlap=True,
+        validate_server_args=validate_server_args,
+        spec_class=EchoSpecAlgo,
+    )(_worker_factory)
+    log.debug("ECHO speculative algorithm registered")

@@ -1,0 +1,84 @@
+"""Fixtures for the ECHO integration tests: tiny artefacts and real sglang servers.
+
+Ports come from 33000-33099 (pairs: HTTP + sglang's rendezvous port), bound to 127.0.0.1.
+The full policy matrix is opt-in: ``pytest -m echo_matrix tests/integration`` (or
+``SGLANG_ECHO_FULL_MATRIX=1``); by default only echo + two baselines start servers.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_echo.serve.flags import ServerOptions, SpecOptions
+from sglang_echo.serve.server import SGLangServer, find_free_port_pair
+
+CACHE = Path(os.environ.get("SGLANG_ECHO_TEST_CACHE", Path.home() / ".cache" / "sglang-echo" / "integration"))
+LOG_DIR = Path(os.environ.get("SGLANG_ECHO_TEST_LOG_DIR", "/tmp/sglang-echo-test-logs"))
+STARTUP_TIMEOUT = float(os.environ.get("SGLANG_ECHO_TEST_STARTUP_TIMEOUT", "600"))
+# ECHO's speculative shape for the server tests: depth 4, W_max 2, padded width 7.
+SPEC = SpecOptions(num_steps=4, eagle_topk=2, num_draft_tokens=7)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "echo_matrix: every core policy on a real server (slow, opt-in)")
+
+
+def pytest_collection_modifyitems(config, items):
+    wanted = "echo_matrix" in (config.getoption("-m") or "") or os.environ.get("SGLANG_ECHO_FULL_MATRIX") == "1"
+    if wanted:
+        return
+    skip = pytest.mark.skip(reason="full policy matrix is opt-in: -m echo_matrix or SGLANG_ECHO_FULL_MATRIX=1")
+    for item in items:
+        if "echo_matrix" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair() -> tuple[Path, Path]:
+    """A 4-layer random Llama (SmolLM2 tokenizer) and an early-exit EAGLE-3 head for it."""
+    from sglang_echo.models.tiny import write_tiny_eagle3_draft, write_tiny_llama
+
+    tok = Path.home() / ".cache" / "sglang-echo" / "models" / "SmolLM2-135M-Instruct"
+    if not (tok / "tokenizer.json").is_file():
+        from sglang_echo.models.prepare import prepare
+
+        tok = prepare().path
+    target = write_tiny_llama(CACHE / "tiny-llama-4l", tok, num_layers=4).path
+    # "Early-exit" head (reuses the target's hidden state after layer 2, its norm and lm_head).
+    # Measured: it is (almost) never accepted on this random target (as EAGLE3 on it), so these
+    # tests mostly exercise the reject/bonus path (see test_echo_smollm2 for accepted drafts).
+    draft = write_tiny_eagle3_draft(CACHE / "tiny-eagle3-early-exit", target, init="early_exit",
+                                    aux_layer_ids=[0, 1, 2], draft_vocab_size=_vocab(target)).path
+    return target, draft
+
+
+def _vocab(model: Path) -> int:
+    import json
+
+    return json.loads((model / "config.json").read_text())["vocab_size"]  # full vocab: no hot-token misses
+
+
+def start(model: Path, *, spec: str = "none", draft: Path | None = None, env: dict | None = None,
+          enable_metrics: bool = True, tag: str = "") -> SGLangServer:
+    """Start (and wait for) a CPU server on a free port pair in 33000-33099; caller stops it."""
+    port = find_free_port_pair(33000, 33099)
+    opts = ServerOptions(
+        model_path=model, port=port, spec=spec, draft_path=draft, spec_options=SPEC, dtype="float32",
+        enable_metrics=enable_metrics, max_total_tokens=8192, context_length=1024,
+        extra_env=tuple(sorted((env or {}).items())),
+        # Explicit ECHO shape (otherwise derived from the ECHO settings): depth 4, W_max 2, W 7.
+        extra_args=(
+            "--speculative-num-steps", str(SPEC.num_steps), "--speculative-eagle-topk", str(SPEC.eagle_topk),
+            "--speculative-num-draft-tokens", str(SPEC.num_draft_tokens),
+        ) if spec == "echo" else (),
+    )
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log = LOG_DIR / f"integration-{tag or spec}-{port}-{time.strftime('%H%M%S')}.log"
+    srv = SGLangServer(opts, log_path=log, startup_timeout=STARTUP_TIMEOUT)
+    srv.__enter__()
+    print(f"\n[server] {tag or spec} on :{port} healthy after {srv.startup_seconds:.1f}s (log {log})")
+    return srv

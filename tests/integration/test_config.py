@@ -1,0 +1,102 @@
+"""ECHO settings: defaults, flags, file (JSON/TOML/inline), env overrides, clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sglang_echo.integration.config import EchoConfig, EchoConfigError, load_calibration_for, load_config
+
+
+def test_defaults_documented():
+    cfg = load_config(environ={})
+    assert (cfg.policy, cfg.k_max, cfg.max_depth, cfg.w_def, cfg.w_max, cfg.calibration) == ("echo", 64, 4, 1, 2, None)
+    assert cfg.resolved_width() == 1 + 4 * 1 + 2
+    assert cfg.source == "defaults"
+
+
+def test_flags_then_file_then_env(tmp_path: Path):
+    f = tmp_path / "echo.json"
+    f.write_text(json.dumps({"policy": "chain", "k_max": 32, "max_depth": 5}))
+    env = {"SGLANG_ECHO_CONFIG": str(f), "SGLANG_ECHO_K_MAX": "24", "SGLANG_ECHO_POLICY": "static-tree"}
+    cfg = load_config(num_steps=3, topk=4, num_draft_tokens=9, environ=env)
+    assert cfg.policy == "static-tree" and cfg.k_max == 24  # env beats the file
+    assert cfg.max_depth == 5  # the file beats the flag
+    assert cfg.w_max == 4 and cfg.resolved_width() == 9  # flags beat the defaults
+    assert "echo.json" in cfg.source and "env" in cfg.source
+
+
+def test_toml_and_inline(tmp_path: Path):
+    f = tmp_path / "echo.toml"
+    f.write_text('[echo]\npolicy = "budgeted-chain"\nk_max = 10\n')
+    assert load_config(environ={"SGLANG_ECHO_CONFIG": str(f)}).policy == "budgeted-chain"
+    cfg = load_config(environ={"SGLANG_ECHO_CONFIG": '{"w_def": 2, "w_max": 3}'})
+    assert (cfg.w_def, cfg.w_max) == (2, 3)
+
+
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        ({"SGLANG_ECHO_POLICY": "eagle9"}, "policy='eagle9' is unknown"),
+        ({"SGLANG_ECHO_K_MAX": "many"}, "k_max='many' is not a valid integer"),
+        ({"SGLANG_ECHO_K_MAX": "0"}, "k_max=0 must be >= 1"),
+        ({"SGLANG_ECHO_W_DEF": "3"}, "1 <= w_def <= w_max"),
+        ({"SGLANG_ECHO_W_MAX": "1", "SGLANG_ECHO_W_DEF": "1"}, "w_max=1 must be >= 2"),
+        ({"SGLANG_ECHO_WIDTH": "3"}, "width=3 must be >= max_depth"),
+        ({"SGLANG_ECHO_WIDTH": "5"}, "smaller than the widest tree"),
+        ({"SGLANG_ECHO_DRAFTER": "medusa"}, "drafter='medusa' is not supported"),
+        ({"SGLANG_ECHO_CONFIG": "/nonexistent/echo.json"}, "does not name a file"),
+        ({"SGLANG_ECHO_CONFIG": '{"kmax": 3}'}, r"unknown setting\(s\) \['kmax'\]"),
+        ({"SGLANG_ECHO_CONFIG": "{not json"}, "not valid JSON"),
+        ({"SGLANG_ECHO_CALIBRATION": "/nonexistent/calib.json"}, "calibration file '/nonexistent/calib.json' not found"),
+    ],
+)
+def test_bad_values_are_clear(env, match):
+    with pytest.raises(EchoConfigError, match=match):
+        load_config(environ=env)
+
+
+def test_malformed_and_mismatched_calibration(tmp_path: Path):
+    from sglang_echo.core.calibration_file import CalibrationError, fingerprint
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    cfg = load_config(environ={"SGLANG_ECHO_CALIBRATION": str(bad)})
+    with pytest.raises(CalibrationError, match="not a sglang-echo/calibration file"):
+        load_calibration_for(cfg)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"a": 1}')
+    calib = write_calibration(tmp_path / "c.json", model_fp="sha256:other", drafter_fp=None)
+    cfg = load_config(environ={"SGLANG_ECHO_CALIBRATION": str(calib)})
+    with pytest.raises(CalibrationError, match="made for a different model"):
+        load_calibration_for(cfg, model_path=str(model))
+    ok = write_calibration(tmp_path / "ok.json", model_fp=fingerprint(model), drafter_fp=None)
+    got = load_calibration_for(load_config(environ={"SGLANG_ECHO_CALIBRATION": str(ok)}), model_path=str(model))
+    assert got.sweet_spots == (1, 2)
+
+
+def write_calibration(path: Path, *, model_fp, drafter_fp, thresholds=(0.05, 0.02)) -> Path:
+    """A minimal valid calibration file (also used by the server tests)."""
+    rows = [
+        {"depth": d, "auc": 0.8, "auc_ci": [0.7, 0.9], "accept_rate": 0.5, "num_accepted": 10,
+         "num_rejected": 10, "threshold": t}
+        for d, t in zip((1, 2), thresholds)
+    ]
+    path.write_text(json.dumps({
+        "schema": "sglang-echo/calibration", "version": 1,
+        "model": {"name": "m", "fingerprint": model_fp},
+        "drafter": {"kind": "eagle3", "name": "d", "fingerprint": drafter_fp},
+        "depths": rows, "sweet_spots": [1, 2], "k_max": None,
+    }))
+    return path
+
+
+def test_config_is_frozen_dataclass():
+    import dataclasses
+
+    assert dataclasses.is_dataclass(EchoConfig)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        EchoConfig().k_max = 3  # type: ignore[misc]

@@ -1,0 +1,180 @@
+"""A real sglang server running ``--speculative-algorithm ECHO`` on CPU (tiny random Llama +
+early-exit EAGLE-3 head): greedy outputs equal no-speculation outputs token for token, with
+8 concurrent requests joining at different times; the per-step budget K_max holds.
+
+By default: echo (calibrated gates, K_max binding) and two baselines (chain, static-tree) on the
+identical worker. The other policies are the opt-in ``echo_matrix`` marker (one server each).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+
+from sglang_echo.serve.client import Generation, generate
+
+from .conftest import SPEC, start
+from .test_config import write_calibration
+
+pytestmark = pytest.mark.server
+
+MAX_NEW_TOKENS = 32
+WORKERS = 8
+STAGGER_S = 0.15  # request i is sent at i*STAGGER_S (capped by the pool): joins mid-decode
+PROMPT_TOKENS = 96
+K_MAX = 12  # < 8 requests x 7 slots: the budget binds whenever >= 2 requests are running
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tiny_pair) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    from sglang_echo.models import prompts
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_pair[0]))
+    out = []
+    for p in prompts.load_mixed(8):  # 4 sets x 8 = 32 prompts
+        ids = tok(p.as_text(tok), add_special_tokens=False).input_ids
+        out.append(ids[-PROMPT_TOKENS:])
+    assert len(out) >= 30
+    return out
+
+
+def run_staggered(url: str, inputs, **kw) -> list[Generation]:
+    def one(i, ids):
+        time.sleep(min(i, WORKERS) * STAGGER_S)  # the first wave joins one by one
+        return generate(url, input_ids=ids, max_new_tokens=MAX_NEW_TOKENS, **kw)
+
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        futs = [pool.submit(one, i, ids) for i, ids in enumerate(inputs)]
+        return [f.result() for f in futs]
+
+
+def scrape(url: str) -> dict[str, float]:
+    text = requests.get(url + "/metrics", timeout=30).text
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'^(echo_\w+)(\{depth="(\d+)"\})?\s+([0-9.eE+-]+)$', line)
+        if m:
+            key = m.group(1) + (f"[{m.group(3)}]" if m.group(3) else "")
+            out[key] = float(m.group(4))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_pair, prompt_ids) -> list[Generation]:
+    srv = start(tiny_pair[0], tag="nospec", enable_metrics=False)
+    try:
+        return run_staggered(srv.base_url, prompt_ids)
+    finally:
+        srv.stop()
+
+
+def _calibration(tmp_path_factory, tiny_pair) -> Path:
+    from sglang_echo.core.calibration_file import fingerprint
+
+    path = tmp_path_factory.mktemp("calib") / "calibration.json"
+    # Low thresholds for the tiny head's low confidences: some gates pass, some fail.
+    return write_calibration(path, model_fp=fingerprint(tiny_pair[0]), drafter_fp=fingerprint(tiny_pair[1]),
+                             thresholds=(0.03, 0.01))
+
+
+def run_policy(policy: str, tiny_pair, prompt_ids, reference, tmp_path_factory, *, sampled: bool = False):
+    env = {"SGLANG_ECHO_POLICY": policy, "SGLANG_ECHO_K_MAX": str(K_MAX)}
+    if policy in ("echo", "dense-gating", "fixed-threshold"):
+        env["SGLANG_ECHO_CALIBRATION"] = str(_calibration(tmp_path_factory, tiny_pair))
+    if policy == "fixed-threshold":
+        env["SGLANG_ECHO_CONFIG"] = json.dumps({"fixed_tau": 0.02})
+    srv = start(tiny_pair[0], spec="echo", draft=tiny_pair[1], env=env, tag=f"echo-{policy}")
+    try:
+        got = run_staggered(srv.base_url, prompt_ids)
+        metrics = scrape(srv.base_url)
+        info = requests.get(srv.base_url + "/server_info", timeout=30).json()
+        sampled_out = (
+            run_staggered(srv.base_url, prompt_ids[:4], temperature=0.8, top_p=0.9) if sampled else None
+        )
+        alive = srv.alive()
+    finally:
+        srv.stop()
+    assert alive
+    mismatches = [(i, r.output_ids, g.output_ids) for i, (r, g) in enumerate(zip(reference, got))
+                  if r.output_ids != g.output_ids]
+    assert not mismatches, f"{policy}: {len(mismatches)}/{len(got)} outputs differ, first: {mismatches[0]}"
+
+    # Budget and metrics, from the worker's counters and sglang's per-request cap_lens.
+    W = info["speculative_num_draft_tokens"]
+    assert W == SPEC.num_draft_tokens and info["speculative_algorithm"] == "ECHO"
+    assert metrics["echo_budget_exceeded_total"] == 0
+    assert metrics["echo_budget_k_max"] == K_MAX
+    steps, verified = metrics["echo_steps_total"], metrics["echo_verified_tokens_total"]
+    assert steps > 0 and verified >= steps
+    for g in got:
+        hist = g.meta.get("spec_cap_lens_histogram") or []
+        assert sum(hist) == g.meta["spec_verify_ct"] > 0  # cap_lens reported every step
+        assert len(hist) <= W + 1  # K_i <= W
+    if policy in ("echo", "budgeted-chain", "dense-gating", "fixed-threshold"):  # budgeted policies
+        assert metrics["echo_step_verified_tokens_max"] <= max(K_MAX, WORKERS)
+    if policy in ("echo", "dense-gating", "fixed-threshold"):
+        assert sum(v for k, v in metrics.items() if k.startswith("echo_gate_evaluated_total[")) > 0
+    accepted = sum(g.meta["spec_num_correct_drafts"] for g in got)
+    print(f"[{policy}] steps={steps:.0f} verified={verified:.0f} step_max={metrics['echo_step_verified_tokens_max']:.0f} "
+          f"correct_drafts={accepted} cap_len={[round(g.meta.get('spec_cap_length', 0), 2) for g in got[:4]]}")
+    if sampled_out is not None:
+        assert all(0 < len(g.output_ids) <= MAX_NEW_TOKENS for g in sampled_out)
+    return got, metrics
+
+
+def test_echo_greedy_lossless_budgeted_and_sampled(tiny_pair, prompt_ids, reference, tmp_path_factory):
+    run_policy("echo", tiny_pair, prompt_ids, reference, tmp_path_factory, sampled=True)
+
+
+@pytest.mark.parametrize("policy", ["chain", "static-tree"])
+def test_baseline_greedy_lossless(policy, tiny_pair, prompt_ids, reference, tmp_path_factory):
+    run_policy(policy, tiny_pair, prompt_ids, reference, tmp_path_factory)
+
+
+@pytest.mark.echo_matrix
+@pytest.mark.parametrize("policy", ["ar", "dense-gating", "fixed-threshold", "budgeted-chain"])
+def test_full_policy_matrix(policy, tiny_pair, prompt_ids, reference, tmp_path_factory):
+    run_policy(policy, tiny_pair, prompt_ids, reference, tmp_path_factory)
+
+
+@pytest.mark.echo_matrix
+def test_echo_smollm2(tmp_path_factory, prompt_ids):
+    """The real SmolLM2-135M target with an early-exit EAGLE-3 head (aux layers 1/14/28): drafts
+    do get accepted here, so accepted branches, KV compaction and draft extend after accepts
+    run through ECHO's trees. Greedy output must equal no speculation."""
+    from sglang_echo.models.tiny import write_tiny_eagle3_draft
+
+    from .conftest import CACHE
+
+    model = Path.home() / ".cache" / "sglang-echo" / "models" / "SmolLM2-135M-Instruct"
+    if not (model / "config.json").is_file():
+        pytest.skip("SmolLM2 not prepared")
+    draft = write_tiny_eagle3_draft(CACHE / "smollm2-eagle3-early-exit", model, init="early_exit",
+                                    aux_layer_ids=[1, 14, 28], draft_vocab_size=16384).path
+    inputs = prompt_ids[:12]
+    ref = start(model, tag="smollm2-nospec", enable_metrics=False)
+    try:
+        want = run_staggered(ref.base_url, inputs)
+    finally:
+        ref.stop()
+    env = {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": str(K_MAX),
+           "SGLANG_ECHO_CONFIG": json.dumps({"fixed_tau": 0.0})}
+    srv = start(model, spec="echo", draft=draft, env=env, tag="smollm2-echo")
+    try:
+        got = run_staggered(srv.base_url, inputs)
+        metrics = scrape(srv.base_url)
+    finally:
+        srv.stop()
+    assert [g.output_ids for g in got] == [w.output_ids for w in want]
+    assert metrics["echo_budget_exceeded_total"] == 0
+    correct = sum(g.meta["spec_num_correct_drafts"] for g in got)
+    print(f"[smollm2-echo] correct drafts {correct}, steps {metrics['echo_steps_total']:.0f}")
+    assert correct > 0

@@ -1,0 +1,122 @@
+"""ECHO registers through sglang's plugin loader, idempotently, against a checked hook table;
+sglang's own argument parser accepts ``--speculative-algorithm ECHO``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    return get_spec("ECHO")
+
+
+def test_registered_through_load_plugins(loaded):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_echo.integration.spec import EchoSpecAlgo
+
+    assert isinstance(loaded, EchoSpecAlgo)
+    algo = SpeculativeAlgorithm.from_string("echo")
+    assert algo is loaded and algo.name == "ECHO" and algo.supports_overlap
+    assert algo.is_eagle() and algo.is_eagle3() and algo.need_topk() and algo.carries_draft_hidden_states()
+    assert not algo.is_ngram() and not algo.is_standalone() and algo.get_platform_worker_cls() is None
+
+
+def test_spec_class_has_every_enum_method(loaded):
+    """Memo 1.2: CustomSpecAlgo lacks methods sglang calls unconditionally; ECHO must not."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    enum_methods = {n for n, v in vars(SpeculativeAlgorithm).items() if callable(v) and not n.startswith("_")}
+    missing = enum_methods - set(dir(type(loaded))) - {"from_string", "register"}
+    assert not missing, missing
+
+
+def test_idempotent_reregistration(loaded):
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    from sglang_echo import plugin
+
+    plugin.register()
+    plugin.register()
+    assert get_spec("ECHO") is loaded
+
+
+def test_hook_table_matches_installed_sglang():
+    from sglang_echo.integration.compat import HOOKS, check_hooks
+
+    assert check_hooks() == []
+    assert {h.phase for h in HOOKS} == {"register", "worker"}
+
+
+def test_registration_refuses_a_different_sglang(loaded, monkeypatch):
+    from sglang.srt.speculative import spec_registry
+
+    from sglang_echo import plugin
+    from sglang_echo.integration import compat
+
+    bad = compat.Hook("sglang.srt.speculative.spec_info", "SpeculativeAlgorithm.register",
+                      ("name", "supports_overlap", "renamed_arg"), "test", "register")
+    monkeypatch.setattr(compat, "HOOKS", compat.HOOKS + (bad,))
+    monkeypatch.delitem(spec_registry._REGISTRY, "ECHO")
+    with pytest.raises(compat.EchoCompatError) as e:
+        plugin.register()
+    msg = str(e.value)
+    assert "sglang.srt.speculative.spec_info:SpeculativeAlgorithm.register" in msg
+    assert "renamed_arg" in msg and "'validate_server_args'" in msg
+    assert spec_registry.get_spec("ECHO") is None  # refused: nothing registered
+    missing = compat.Hook("sglang.srt.speculative.eagle_worker_common", "no_such_function", None, "test", "register")
+    monkeypatch.setattr(compat, "HOOKS", (missing,))
+    with pytest.raises(compat.EchoCompatError, match="no_such_function.*missing"):
+        plugin.register()
+
+
+def test_server_args_accept_echo(tmp_path: Path):
+    """sglang's own parser + resolution pipeline, in a fresh process with the CPU engine."""
+    model = Path(os.path.expanduser("~/.cache/sglang-echo/models/SmolLM2-135M-Instruct"))
+    if not (model / "config.json").is_file():
+        pytest.skip("SmolLM2 not prepared (python -m sglang_echo.models.prepare)")
+    base = ["--model-path", str(model), "--device", "cpu", "--attention-backend", "echo_torch",
+            "--speculative-algorithm", "ECHO", "--speculative-draft-model-path", str(model)]
+    cases = {
+        "defaults": {"argv": base},
+        "env": {"argv": base, "env": {"SGLANG_ECHO_MAX_DEPTH": "3", "SGLANG_ECHO_W_MAX": "3"}},
+        "flags": {"argv": base + ["--speculative-num-steps", "5", "--speculative-eagle-topk", "3",
+                                  "--max-running-requests", "8", "--enable-mixed-chunk"]},
+        "topk1": {"argv": base + ["--speculative-eagle-topk", "1"]},
+        "no_draft": {"argv": base[:-2]},
+        "calib": {"argv": base, "env": {"SGLANG_ECHO_CALIBRATION": str(tmp_path / "missing.json")}},
+        "policy": {"argv": base, "env": {"SGLANG_ECHO_POLICY": "nope"}},
+    }
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
+    p = subprocess.run([sys.executable, str(HERE / "_server_args_probe.py"), json.dumps(cases)],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("PROBE-RESULT ")]
+    assert line, p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads(line[0].split(" ", 1)[1])
+    d = r["defaults"]
+    assert d["speculative_algorithm"] == "ECHO"
+    assert (d["speculative_num_steps"], d["speculative_eagle_topk"], d["speculative_num_draft_tokens"]) == (4, 2, 7)
+    assert d["max_running_requests"] == 48 and d["disable_overlap_schedule"] is True
+    assert (r["env"]["speculative_num_steps"], r["env"]["speculative_eagle_topk"]) == (3, 3)
+    assert r["env"]["speculative_num_draft_tokens"] == 1 + 3 * 1 + 3
+    f = r["flags"]
+    assert (f["speculative_num_steps"], f["speculative_eagle_topk"], f["speculative_num_draft_tokens"]) == (5, 3, 9)
+    assert f["max_running_requests"] == 8 and f["enable_mixed_chunk"] is False
+    assert "ECHO needs topk >= 2" in r["topk1"]["error"]
+    assert "--speculative-draft-model-path" in r["no_draft"]["error"]
+    assert "missing.json" in r["calib"]["error"] and "not found" in r["calib"]["error"]
+    assert "policy='nope' is unknown" in r["policy"]["error"]
