@@ -8,10 +8,10 @@ the confidence cut that separates them best (Youden's J by default).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from scipy.stats import rankdata
+
+from sglang_echo.core.calibration_file import DepthStats
 
 # xi: AUC 0.7 is the conventional floor of "acceptable" discrimination (Hosmer & Lemeshow,
 # Applied Logistic Regression, ch. 5); below it a gate misjudges too often to be worth placing.
@@ -76,24 +76,13 @@ def expected_yield_threshold(accepted: np.ndarray, rejected: np.ndarray) -> floa
 CRITERIA = {"youden": youden_threshold, "expected-yield": expected_yield_threshold}
 
 
-@dataclass(frozen=True)
-class DepthSummary:
-    depth: int
-    auc: float
-    auc_ci: tuple[float, float]
-    accept_rate: float
-    num_accepted: int
-    num_rejected: int
-    threshold: float
-
-
-def summarise_depth(depth: int, confidence: np.ndarray, accepted: np.ndarray, criterion: str = "youden", seed: int = 0) -> DepthSummary:
+def summarise_depth(depth: int, confidence: np.ndarray, accepted: np.ndarray, criterion: str = "youden", seed: int = 0) -> DepthStats:
     """All per-depth statistics from samples (confidence c_{i,d}, accepted label)."""
     if criterion not in CRITERIA:
         raise ValueError(f"unknown threshold criterion {criterion!r}; choose one of {', '.join(CRITERIA)}")
     acc, rej = confidence[accepted], confidence[~accepted]
     n = len(confidence)
-    return DepthSummary(
+    return DepthStats(
         depth=depth,
         auc=auc(acc, rej),
         auc_ci=auc_bootstrap_ci(acc, rej, seed=seed),
@@ -104,7 +93,7 @@ def summarise_depth(depth: int, confidence: np.ndarray, accepted: np.ndarray, cr
     )
 
 
-def sweet_spots(rows: list[DepthSummary], target_depth: int, auc_min: float = DEFAULT_AUC_MIN) -> tuple[int, ...]:
+def sweet_spots(rows: list[DepthStats], target_depth: int, auc_min: float = DEFAULT_AUC_MIN) -> tuple[int, ...]:
     """D_sig: the root gate (d = 1), the target depth, and every depth whose AUC exceeds xi."""
     probed = {r.depth for r in rows}
     chosen = {d for d in (1, target_depth) if d in probed}

@@ -96,6 +96,34 @@ def _walk_up(leaf: Tensor, leaf_depth: Tensor, gp: Tensor, D: int) -> Tensor:
     return path
 
 
+def _walk_from_roots(packed: PackedBatch, max_depth: int, choose) -> tuple[Tensor, Tensor, Tensor]:
+    """Descend every request's tree from its root, one accepted child per level.
+
+    ``choose(cur, alive)`` gets each request's current local slot and whether it is still
+    descending, and returns the accepted child's slot (-1 to stop). Returns the accepted path as
+    global node indices ``[B, max_depth+1]`` (root first, -1 pad), the accepted draft counts, and
+    each request's last accepted local slot.
+    """
+    B = packed.retrieve_index.shape[0]
+    dev = packed.retrieve_index.device
+    rows = torch.arange(B, device=dev)
+    cur = torch.zeros(B, dtype=torch.int64, device=dev)
+    path = torch.full((B, max_depth + 1), -1, dtype=torch.int64, device=dev)
+    path[:, 0] = 0
+    alive = torch.ones(B, dtype=torch.bool, device=dev)
+    depth = 0
+    while True:
+        chosen = choose(cur, alive)
+        alive = chosen >= 0
+        if not bool(alive.any()):
+            break
+        depth += 1
+        path[rows[alive], depth] = chosen[alive]
+        cur = torch.where(alive, chosen, cur)
+    glob = torch.where(path >= 0, packed.retrieve_index.gather(1, path.clamp(min=0)), path)
+    return glob, (path >= 0).sum(1) - 1, cur
+
+
 def greedy_verify_padded(packed: PackedBatch, target_logits: Tensor) -> VerifyResult:
     """Greedy verification by walking the retrieve arrays, SGLang's ``verify_tree_greedy`` rule.
 
@@ -103,14 +131,9 @@ def greedy_verify_padded(packed: PackedBatch, target_logits: Tensor) -> VerifyRe
     """
     pred = target_logits if target_logits.dim() == 2 else target_logits.argmax(-1)
     tokens, first_child, sibling = packed.padded.tokens, packed.retrieve_next_token, packed.retrieve_next_sibling
-    B, W = tokens.shape
-    rows = torch.arange(B, device=tokens.device)
-    cur = torch.zeros(B, dtype=torch.int64, device=tokens.device)
-    path = torch.full((B, int(packed.padded.depth.max()) + 1), -1, dtype=torch.int64, device=tokens.device)
-    path[:, 0] = 0
-    alive = torch.ones(B, dtype=torch.bool, device=tokens.device)
-    depth = 0
-    while True:
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
+
+    def first_matching_child(cur: Tensor, alive: Tensor) -> Tensor:
         want = pred[rows, cur]
         c = torch.where(alive, first_child[rows, cur], -1)
         chosen = torch.full_like(c, -1)
@@ -118,16 +141,11 @@ def greedy_verify_padded(packed: PackedBatch, target_logits: Tensor) -> VerifyRe
             hit = (c >= 0) & (tokens[rows, c.clamp(min=0)] == want)
             chosen = torch.where(hit, c, chosen)
             c = torch.where((c >= 0) & ~hit, sibling[rows, c.clamp(min=0)], -1)
-        alive = chosen >= 0
-        if not bool(alive.any()):
-            break
-        depth += 1
-        path[rows[alive], depth] = chosen[alive]
-        cur = torch.where(alive, chosen, cur)
-    accept_len = (path >= 0).sum(1) - 1
-    glob = torch.where(path >= 0, packed.retrieve_index.gather(1, path.clamp(min=0)), path)
+        return chosen
+
+    path, accept_len, cur = _walk_from_roots(packed, int(packed.padded.depth.max()), first_matching_child)
     flat_tokens = packed.padded.tokens[packed.padded.valid]
-    return _result(glob, accept_len, flat_tokens, pred[rows, cur])
+    return _result(path, accept_len, flat_tokens, pred[rows, cur])
 
 
 def residual(p: Tensor, q: Tensor) -> Tensor:
@@ -147,18 +165,14 @@ def stochastic_verify(
     generator: Optional[torch.Generator] = None,
 ) -> VerifyResult:
     """Lossless recursive rejection sampling; ``target_probs`` is ``[N, V]`` (already tempered)."""
-    B, W = packed.retrieve_index.shape
+    B = packed.retrieve_index.shape[0]
     dev = target_probs.device
     rows = torch.arange(B, device=dev)
     gidx = packed.retrieve_index
     dists = trees.proposal_dists
-    cur = torch.zeros(B, dtype=torch.int64, device=dev)  # local slot of the current node
-    path = torch.full((B, int(trees.depth.max()) + 1), -1, dtype=torch.int64, device=dev)
-    path[:, 0] = 0
-    alive = torch.ones(B, dtype=torch.bool, device=dev)
     bonus = torch.zeros(B, dtype=torch.int64, device=dev)
-    depth = 0
-    while True:
+
+    def sample_child(cur: Tensor, alive: Tensor) -> Tensor:
         p = target_probs[gidx[rows, cur]].float().clone()  # [B, V] residual being refined
         c = torch.where(alive, packed.retrieve_next_token[rows, cur], -1)
         chosen = torch.full_like(c, -1)
@@ -180,15 +194,10 @@ def stochastic_verify(
             rejected = tried & ~accept
             p = torch.where(rejected[:, None], residual(p, q), p)
             c = torch.where(rejected, packed.retrieve_next_sibling[rows, c.clamp(min=0)], -1)
-        stop = alive & (chosen < 0)
+        stop = alive & (chosen < 0)  # no child accepted: the bonus comes from the residual
         if bool(stop.any()):
             bonus[stop] = torch.multinomial(p[stop], 1, generator=generator).squeeze(1)
-        alive = chosen >= 0
-        if not bool(alive.any()):
-            break
-        depth += 1
-        path[rows[alive], depth] = chosen[alive]
-        cur = torch.where(alive, chosen, cur)
-    accept_len = (path >= 0).sum(1) - 1
-    glob = torch.where(path >= 0, gidx.gather(1, path.clamp(min=0)), path)
-    return _result(glob, accept_len, trees.tokens, bonus)
+        return chosen
+
+    path, accept_len, _ = _walk_from_roots(packed, int(trees.depth.max()), sample_child)
+    return _result(path, accept_len, trees.tokens, bonus)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from sglang_echo.core.calibration_file import DepthStats
 from sglang_echo.calibration.stats import (
-    DepthSummary,
     auc,
     auc_bootstrap_ci,
     expected_yield_threshold,
@@ -51,7 +51,7 @@ def test_summary_and_sweet_spots():
     lab = np.array([True, True, False, False])
     row = summarise_depth(2, conf, lab)
     assert row.auc == 1.0 and row.accept_rate == 0.5 and row.threshold == pytest.approx(0.8)
-    rows = [DepthSummary(d, a, (a, a), 0.5, 10, 10, 0.3) for d, a in [(1, 0.6), (2, 0.9), (3, 0.65), (4, 0.72)]]
+    rows = [DepthStats(d, a, (a, a), 0.5, 10, 10, 0.3) for d, a in [(1, 0.6), (2, 0.9), (3, 0.65), (4, 0.72)]]
     assert sweet_spots(rows, target_depth=3, auc_min=0.7) == (1, 2, 3, 4)
     assert sweet_spots(rows, target_depth=3, auc_min=0.8) == (1, 2, 3)
     with pytest.raises(ValueError, match="criterion"):

@@ -9,30 +9,17 @@ import torch
 from torch import Tensor
 
 from sglang_echo.core import DraftTrees, pack
+from sglang_echo.kernels.bench import VerifyBatch
 
 from ..core.trees import random_trees
 
 
 @dataclass
-class Case:
-    """One verify step: trees, KV cache, and the kernel-facing layout."""
+class Case(VerifyBatch):
+    """One verify step (the kernel contract) plus the trees and prefix lengths it came from."""
 
     trees: DraftTrees
     prefix_lens: list[int]
-    q: Tensor
-    k_cache: Tensor
-    v_cache: Tensor
-    qo_indptr: Tensor
-    kv_indptr: Tensor
-    kv_indices: Tensor
-    tree_slots: Tensor
-    packed_mask: Tensor
-    positions: Tensor
-    sm_scale: float
-
-    def args(self) -> tuple:
-        return (self.q, self.k_cache, self.v_cache, self.qo_indptr, self.kv_indptr, self.kv_indices,
-                self.tree_slots, self.packed_mask, self.sm_scale)
 
 
 def empty_request_trees(trees: DraftTrees, where: list[int]) -> DraftTrees:
