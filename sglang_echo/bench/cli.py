@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-SUBCOMMANDS = {"scheduler": "sglang_echo.bench.scheduler"}
+SUBCOMMANDS = {"scheduler": "sglang_echo.bench.scheduler", "serve": "sglang_echo.bench.serve"}
 
 
 def main(argv: list[str] | None = None) -> None:

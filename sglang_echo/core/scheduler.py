@@ -82,8 +82,8 @@ class ElasticPolicy(TreePolicy):
 
         gated = bool(self._gated[d])
         passed = has_cands & (conf >= float(self._tau[d])) if gated else has_cands  # Eq. 7
-        failed = has_cands & ~passed
         if gated:
+            failed = has_cands & ~passed
             state.gate_evaluated[d] += int(has_cands.sum())
             state.gate_passed[d] += int(passed.sum())
 
@@ -95,12 +95,14 @@ class ElasticPolicy(TreePolicy):
         pool.mark(kept, kept >= 0)
         state.set_frontier(kept, kept_cols)
 
-        # Truncation at a failing gate: remember the best W_max candidates for Priority 2.
-        ex = state.extra
-        best, _ = take_top(slots, order, n_valid.clamp(max=cfg.w_max), cfg.w_max)
-        ex["trunc_slots"] = torch.where(failed[:, None], best, ex["trunc_slots"])
-        ex["trunc_conf"] = torch.where(failed, conf, ex["trunc_conf"])
-        ex["truncated"] |= failed
+        # Truncation at a failing gate (only gated depths can fail): remember the best W_max
+        # candidates for Priority 2.
+        if gated:
+            ex = state.extra
+            best, _ = take_top(slots, order, n_valid.clamp(max=cfg.w_max), cfg.w_max)
+            ex["trunc_slots"] = torch.where(failed[:, None], best, ex["trunc_slots"])
+            ex["trunc_conf"] = torch.where(failed, conf, ex["trunc_conf"])
+            ex["truncated"] |= failed
 
         state.active = passed & (grant > 0) & (state.budget > 0)
         state.depth = d
