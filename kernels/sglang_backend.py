@@ -8,8 +8,8 @@ mode is replaced. The inherited target-verify metadata already matches our contr
 layout on GPU: per request ``n`` rows of ``prefix + n``; QLEN_ONLY: ``n x n``) into our bit-packed
 rows, done once per forward (cached on the metadata object) and reused by every layer.
 
-Registration is explicit: call :func:`register_sglang_backend` (e.g. from an sglang plugin entry
-point) and then start sglang with ``--attention-backend echo_tree_triton``. GPU-only at runtime.
+Registered by the ECHO plugin through :mod:`..registration` (this module is imported only when a
+server selects ``--attention-backend echo_tree_triton``). GPU-only at runtime.
 
 Not done (see kernels/README.md): ECHO's ragged ``qo_indptr`` cannot reach this backend because
 sglang's TARGET_VERIFY is uniform (``num_tokens_per_req`` per request), so this adapter runs the
@@ -28,33 +28,18 @@ import torch
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
+from .registration import BACKEND_NAME  # noqa: F401  (re-exported)
 from .tree_attention.metadata import TreeAttentionPlan, pack_dense_blocks, pack_full_mask_rows
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
-BACKEND_NAME = "echo_tree_triton"
 
 
 def create_backend(runner: Any) -> "EchoTreeVerifyBackend":
-    """Factory stored in sglang's ``ATTENTION_BACKENDS`` registry."""
+    """Factory behind the ``echo_tree_triton`` registry entry (see :mod:`..registration`)."""
     return EchoTreeVerifyBackend(runner)
-
-
-def register_sglang_backend() -> str:
-    """Make ``echo_tree_triton`` known to sglang's backend registry and CLI choices (idempotent)."""
-    from sglang.srt.arg_groups.choices import (
-        ATTENTION_BACKEND_CHOICES,
-        add_attention_backend_choices,
-    )
-    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
-
-    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
-        add_attention_backend_choices([BACKEND_NAME])
-    if BACKEND_NAME not in ATTENTION_BACKENDS:
-        register_attention_backend(BACKEND_NAME)(create_backend)
-    return BACKEND_NAME
 
 
 class EchoTreeVerifyBackend(TritonAttnBackend):

@@ -1,4 +1,5 @@
-"""sglang general plugin: registers ``--speculative-algorithm ECHO``.
+"""sglang general plugin: registers ``--speculative-algorithm ECHO`` and the
+``echo_tree_triton`` attention backend (Triton tree verify, GPU).
 
 Entry point ``sglang.srt.plugins: echo = "sglang_echo.plugin:register"``. sglang calls it (via
 ``load_plugins()``) in the main process before parsing args and again in every spawned
@@ -40,6 +41,9 @@ def register() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import get_spec
 
+    from sglang_echo.kernels.registration import register_sglang_backend
+
+    register_sglang_backend()  # `--attention-backend echo_tree_triton` (GPU target verify)
     if get_spec(NAME) is not None:
         return
     from sglang_echo.integration.compat import assert_compatible
