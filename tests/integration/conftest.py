@@ -1,8 +1,8 @@
 """Fixtures for the ECHO integration tests: tiny artefacts and real sglang servers.
 
 Ports come from 33000-33099 (pairs: HTTP + sglang's rendezvous port), bound to 127.0.0.1.
-The full policy matrix is opt-in: ``pytest -m echo_matrix tests/integration`` (or
-``SGLANG_ECHO_FULL_MATRIX=1``); by default only echo + two baselines start servers.
+Every core policy and the SmolLM2 case run by default (about 5 min on 2 cores);
+``SGLANG_ECHO_QUICK=1`` keeps only echo + two baselines (``echo_matrix`` marks the rest).
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from sglang_echo.models.cache import cache_root
 from sglang_echo.serve.flags import ServerOptions, SpecOptions
 from sglang_echo.serve.server import SGLangServer, find_free_port_pair
 
-CACHE = Path(os.environ.get("SGLANG_ECHO_TEST_CACHE", Path.home() / ".cache" / "sglang-echo" / "integration"))
+CACHE = Path(os.environ.get("SGLANG_ECHO_TEST_CACHE", cache_root() / "integration"))
 LOG_DIR = Path(os.environ.get("SGLANG_ECHO_TEST_LOG_DIR", "/tmp/sglang-echo-test-logs"))
 STARTUP_TIMEOUT = float(os.environ.get("SGLANG_ECHO_TEST_STARTUP_TIMEOUT", "600"))
 # ECHO's speculative shape for the server tests: depth 4, W_max 2, padded width 7.
@@ -24,30 +25,24 @@ SPEC = SpecOptions(num_steps=4, eagle_topk=2, num_draft_tokens=7)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "echo_matrix: every core policy on a real server (slow, opt-in)")
+    config.addinivalue_line("markers", "echo_matrix: the policies beyond echo/chain/static-tree, and SmolLM2")
 
 
 def pytest_collection_modifyitems(config, items):
-    wanted = "echo_matrix" in (config.getoption("-m") or "") or os.environ.get("SGLANG_ECHO_FULL_MATRIX") == "1"
-    if wanted:
+    if os.environ.get("SGLANG_ECHO_QUICK") != "1":
         return
-    skip = pytest.mark.skip(reason="full policy matrix is opt-in: -m echo_matrix or SGLANG_ECHO_FULL_MATRIX=1")
+    skip = pytest.mark.skip(reason="SGLANG_ECHO_QUICK=1: full policy matrix skipped")
     for item in items:
         if "echo_matrix" in item.keywords:
             item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
-def tiny_pair() -> tuple[Path, Path]:
+def tiny_pair(smollm2_dir: Path) -> tuple[Path, Path]:
     """A 4-layer random Llama (SmolLM2 tokenizer) and an early-exit EAGLE-3 head for it."""
     from sglang_echo.models.tiny import write_tiny_eagle3_draft, write_tiny_llama
 
-    tok = Path.home() / ".cache" / "sglang-echo" / "models" / "SmolLM2-135M-Instruct"
-    if not (tok / "tokenizer.json").is_file():
-        from sglang_echo.models.prepare import prepare
-
-        tok = prepare().path
-    target = write_tiny_llama(CACHE / "tiny-llama-4l", tok, num_layers=4).path
+    target = write_tiny_llama(CACHE / "tiny-llama-4l", smollm2_dir, num_layers=4).path
     # "Early-exit" head (reuses the target's hidden state after layer 2, its norm and lm_head).
     # Measured: it is (almost) never accepted on this random target (as EAGLE3 on it), so these
     # tests mostly exercise the reject/bonus path (see test_echo_smollm2 for accepted drafts).

@@ -2,8 +2,9 @@
 early-exit EAGLE-3 head): greedy outputs equal no-speculation outputs token for token, with
 8 concurrent requests joining at different times; the per-step budget K_max holds.
 
-By default: echo (calibrated gates, K_max binding) and two baselines (chain, static-tree) on the
-identical worker. The other policies are the opt-in ``echo_matrix`` marker (one server each).
+Echo (calibrated gates, K_max binding) and two baselines (chain, static-tree) on the
+identical worker. The other policies (``echo_matrix``, one server each) run too unless
+``SGLANG_ECHO_QUICK=1``.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def test_full_policy_matrix(policy, tiny_pair, prompt_ids, reference, tmp_path_f
 
 
 @pytest.mark.echo_matrix
-def test_echo_smollm2(tmp_path_factory, prompt_ids):
+def test_echo_smollm2(tmp_path_factory, prompt_ids, smollm2_dir):
     """The real SmolLM2-135M target with an early-exit EAGLE-3 head (aux layers 1/14/28): drafts
     do get accepted here, so accepted branches, KV compaction and draft extend after accepts
     run through ECHO's trees. Greedy output must equal no speculation."""
@@ -154,9 +155,7 @@ def test_echo_smollm2(tmp_path_factory, prompt_ids):
 
     from .conftest import CACHE
 
-    model = Path.home() / ".cache" / "sglang-echo" / "models" / "SmolLM2-135M-Instruct"
-    if not (model / "config.json").is_file():
-        pytest.skip("SmolLM2 not prepared")
+    model = smollm2_dir
     draft = write_tiny_eagle3_draft(CACHE / "smollm2-eagle3-early-exit", model, init="early_exit",
                                     aux_layer_ids=[1, 14, 28], draft_vocab_size=16384).path
     inputs = prompt_ids[:12]
