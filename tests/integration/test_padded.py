@@ -97,7 +97,6 @@ def test_padding_is_never_accepted():
     cand = d.draft_token.view(B, W)
     # A target that agrees with every draft token, padding included (worst case for padding).
     target = torch.zeros(B, W, dtype=torch.int64)
-    par = torch.full((B, W), -1)
     for b in range(B):
         lo = int(trees.indptr[b])
         for j in range(int(trees.sizes[b])):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 
 def test_the_plugin_registers_the_backend_lazily():
-    import sys
 
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS

@@ -3,7 +3,6 @@ kernels (one Python iteration per Triton program / loop step)."""
 
 from __future__ import annotations
 
-import torch
 
 
 def assign_req_to_token_pool(req_pool_indices, req_to_token, start, end, out_cache_loc):
