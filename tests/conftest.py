@@ -1,10 +1,32 @@
-"""Shared fixtures (keep small). Server fixtures live in tests/server/conftest.py."""
+"""Shared fixtures (keep small): the prepared SmolLM2 and how every test suite starts a server."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
+
+from sglang_echo.serve.flags import ServerOptions
+from sglang_echo.serve.server import SGLangServer, find_free_port_pair
+
+STARTUP_TIMEOUT = float(os.environ.get("SGLANG_ECHO_TEST_STARTUP_TIMEOUT", "600"))
+LOG_DIR = Path(os.environ.get("SGLANG_ECHO_TEST_LOG_DIR", "/tmp/sglang-echo-test-logs"))
+
+
+def launch_test_server(ports: tuple[int, int], log_tag: str, **options) -> SGLangServer:
+    """Start a server on a free port pair in ``ports`` and wait for /health; the caller stops it.
+
+    ``options`` are :class:`ServerOptions` fields; the log goes to ``LOG_DIR``.
+    """
+    port = find_free_port_pair(*ports)
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log = LOG_DIR / f"{log_tag}-{port}-{time.strftime('%H%M%S')}.log"
+    srv = SGLangServer(ServerOptions(port=port, **options), log_path=log, startup_timeout=STARTUP_TIMEOUT)
+    srv.__enter__()  # starts, waits for /health; kills everything itself if that fails
+    print(f"\n[server] {log_tag} on :{port} healthy after {srv.startup_seconds:.1f}s (log {log})")
+    return srv
 
 
 @pytest.fixture(scope="session")

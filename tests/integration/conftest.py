@@ -8,18 +8,17 @@ Every core policy and the SmolLM2 case run by default (about 5 min on 2 cores);
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from sglang_echo.models.cache import cache_root
-from sglang_echo.serve.flags import ServerOptions, SpecOptions
-from sglang_echo.serve.server import SGLangServer, find_free_port_pair
+from sglang_echo.serve.flags import SpecOptions
+from sglang_echo.serve.server import SGLangServer
+
+from ..conftest import launch_test_server
 
 CACHE = Path(os.environ.get("SGLANG_ECHO_TEST_CACHE", cache_root() / "integration"))
-LOG_DIR = Path(os.environ.get("SGLANG_ECHO_TEST_LOG_DIR", "/tmp/sglang-echo-test-logs"))
-STARTUP_TIMEOUT = float(os.environ.get("SGLANG_ECHO_TEST_STARTUP_TIMEOUT", "600"))
 # ECHO's speculative shape for the server tests: depth 4, W_max 2, padded width 7.
 SPEC = SpecOptions(num_steps=4, eagle_topk=2, num_draft_tokens=7)
 
@@ -60,9 +59,9 @@ def _vocab(model: Path) -> int:
 def start(model: Path, *, spec: str = "none", draft: Path | None = None, env: dict | None = None,
           enable_metrics: bool = True, tag: str = "") -> SGLangServer:
     """Start (and wait for) a CPU server on a free port pair in 33000-33099; caller stops it."""
-    port = find_free_port_pair(33000, 33099)
-    opts = ServerOptions(
-        model_path=model, port=port, spec=spec, draft_path=draft, spec_options=SPEC, dtype="float32",
+    return launch_test_server(
+        (33000, 33099), f"integration-{tag or spec}",
+        model_path=model, spec=spec, draft_path=draft, spec_options=SPEC, dtype="float32",
         enable_metrics=enable_metrics, max_total_tokens=8192, context_length=1024,
         extra_env=tuple(sorted((env or {}).items())),
         # Explicit ECHO shape (otherwise derived from the ECHO settings): depth 4, W_max 2, W 7.
@@ -71,9 +70,3 @@ def start(model: Path, *, spec: str = "none", draft: Path | None = None, env: di
             "--speculative-num-draft-tokens", str(SPEC.num_draft_tokens),
         ) if spec == "echo" else (),
     )
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    log = LOG_DIR / f"integration-{tag or spec}-{port}-{time.strftime('%H%M%S')}.log"
-    srv = SGLangServer(opts, log_path=log, startup_timeout=STARTUP_TIMEOUT)
-    srv.__enter__()
-    print(f"\n[server] {tag or spec} on :{port} healthy after {srv.startup_seconds:.1f}s (log {log})")
-    return srv
