@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PORT ?= 30000
-SPEC ?= none
+SPEC ?= echo
 STAMP := $(VENV)/.installed
 
 .PHONY: install serve test test-fast test-server bench-scheduler clean

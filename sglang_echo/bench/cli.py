@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import sys
 
-SUBCOMMANDS = {"scheduler": "sglang_echo.bench.scheduler", "serve": "sglang_echo.bench.serve"}
+SUBCOMMANDS = {
+    "scheduler": "sglang_echo.bench.scheduler",
+    "serve": "sglang_echo.bench.serve",
+    "acceptance": "sglang_echo.bench.acceptance",
+}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -78,11 +78,11 @@ def _one_level(url: str, texts: list[str], concurrency: int, max_new: int) -> tu
 def run(args: argparse.Namespace) -> Report:
     from transformers import AutoTokenizer
 
-    from ..models.drafts import early_exit_draft
+    from ..models.drafts import default_eagle3_head
     from ..models.prepare import prepare
 
     model = prepare(dtype=args.dtype).path
-    draft = Path(args.draft) if args.draft else early_exit_draft(model)
+    draft = Path(args.draft) if args.draft else default_eagle3_head(model)
     tokenizer = AutoTokenizer.from_pretrained(model)
     levels = [int(c) for c in args.concurrency.split(",")]
     pool = [p.as_text(tokenizer) for p in load_mixed(args.per_set)]
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--per-set", type=int, default=10, help="prompts taken from each prompt set")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--dtype", default="float32", help="float32 keeps the token-for-token check exact")
-    ap.add_argument("--draft", default=None, help="EAGLE-3 head (default: the early-exit head)")
+    ap.add_argument("--draft", default=None, help="EAGLE-3 head (default: the shipped head)")
     ap.add_argument("--port", type=int, default=30400)
     ap.add_argument("--out", default="benchmarks/results/cpu")
     args = ap.parse_args(argv)

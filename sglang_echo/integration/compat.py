@@ -36,12 +36,18 @@ class Hook:
     params: Optional[tuple[str, ...]]  # expected parameter names, in order (prefix), or None
     why: str
     phase: str = "worker"  # "register" or "worker"
+    # The module imports sglang's compiled kernels (sgl_kernel) at import time: where they are
+    # absent (a CPU box outside the echo CPU engine) the row cannot be checked and is skipped;
+    # the scheduler, where the worker runs, always has them (the CPU engine shims them).
+    kernels: bool = False
 
 
 _SI = "sglang.srt.speculative.spec_info"
 _SR = "sglang.srt.speculative.spec_registry"
 _EW = "sglang.srt.speculative.eagle_worker_v2"
 _EC = "sglang.srt.speculative.eagle_worker_common"
+_NW = "sglang.srt.speculative.ngram_worker"
+_RC = "sglang.srt.runtime_context"
 
 HOOKS: tuple[Hook, ...] = (
     # -- registration (plugin.register, spec.EchoSpecAlgo) ---------------------------------
@@ -96,6 +102,42 @@ HOOKS: tuple[Hook, ...] = (
     Hook("sglang.srt.model_executor.forward_context", "forward_context", ("ctx", "forward_batch"), "draft forward"),
     Hook("sglang.srt.model_executor.forward_context", "ForwardContext", ("attn_backend",), "draft forward"),
     Hook("sglang.srt.managers.utils", "GenerationBatchResult", None, "verify result; we set cap_lens"),
+    # -- the n-gram drafter worker (ngram_worker.EchoNgramWorker, drafter: ngram) -------------
+    Hook(_SI, "SpeculativeAlgorithm.is_ngram", ("self",), "EchoSpecAlgo.is_ngram (drafter ngram)", "register"),
+    Hook(_SI, "SpeculativeAlgorithm.has_draft_kv", ("self",), "EchoSpecAlgo.has_draft_kv (drafter ngram)", "register"),
+    Hook(_NW, "NGRAMWorker.__init__", ("self", "server_args", "gpu_id", "nccl_port", "target_worker"),
+         "EchoNgramWorker base; re-implemented minus the corpus (attribute list pinned by init_drift)", kernels=True),
+    Hook(_NW, "NGRAMWorker._prepare_draft_tokens", ("self", "batch"),
+         "overridden: returns (tokens [bs*W], QLEN mask [bs*W*W]) from ECHO trees", kernels=True),
+    Hook(_NW, "NGRAMWorker._prepare_for_speculative_decoding", ("self", "batch"),
+         "calls _prepare_draft_tokens, builds the NgramVerifyInput", kernels=True),
+    Hook(_NW, "NGRAMWorker._update_ngram_corpus", ("self", "batch"), "overridden (no-op)", kernels=True),
+    Hook(_NW, "NGRAMWorker.forward_batch_generation", ("self", "batch", "on_publish", "pp_proxy_tensors"),
+         "wrapped: sets cap_lens, metrics", kernels=True),
+    Hook(_NW, "NGRAMWorker.on_verify_complete_cpu", ("self", "num_correct_drafts_per_req", "batch_size"),
+         "overridden (metrics)", kernels=True),
+    Hook(_NW, "NGRAMWorker.clear_cache_pool", ("self",), "calls ngram_corpus.reset()", kernels=True),
+    Hook(_NW, "NGRAMWorker.alloc_memory_pool", None, "inherited", kernels=True),
+    Hook(_NW, "NGRAMWorker.add_external_corpus", ("self", "corpus_id", "token_chunks"), "overridden (refused)",
+         kernels=True),
+    Hook(_NW, "NGRAMWorker.commit_corpus_load", ("self", "corpus_id", "loaded_token_count"),
+         "overridden (refused)", kernels=True),
+    Hook(_NW, "NGRAMWorker.remove_external_corpus", ("self", "corpus_id"), "overridden (refused)", kernels=True),
+    Hook(_NW, "NGRAMWorker.list_external_corpora", ("self",), "overridden (empty)", kernels=True),
+    Hook("sglang.srt.speculative.cpp_ngram.ngram_corpus", "NgramCorpus.erase_match_state", ("self", "req_ids"),
+         "stood in for by RequestDrafters (drops departed requests' drafters)"),
+    Hook("sglang.srt.speculative.cpp_ngram.ngram_corpus", "NgramCorpus.reset", ("self",), "stood in for"),
+    Hook("sglang.srt.speculative.cpp_ngram.ngram_corpus", "NgramCorpus.synchronize", ("self",), "stood in for"),
+    Hook("sglang.srt.speculative.ngram_info", "NgramVerifyInput.tree_topk", None, "-1: CPU backends use the mask"),
+    Hook("sglang.srt.speculative.ngram_info", "NgramVerifyInput.max_tree_depth", None, "W: accept_index width"),
+    Hook("sglang.srt.speculative.base_spec_worker", "BaseSpecWorker.__init__", ("self",), "EchoNgramWorker.__init__"),
+    Hook(_RC, "get_spec", (), "speculative settings in EchoNgramWorker.__init__"),
+    Hook(_RC, "get_schedule", (), "overlap / page size in EchoNgramWorker.__init__"),
+    Hook(_RC, "get_device", (), "device in EchoNgramWorker.__init__"),
+    Hook("sglang.srt.managers.schedule_batch", "ScheduleBatch.grammar_needs_sync", ("self",),
+         "overlap splice condition, as NGRAM"),
+    Hook("sglang.srt.managers.schedule_batch", "Req.__init__", ("self", "rid", "origin_input_text", "origin_input_ids"),
+         "req.rid / origin_input_ids_unpadded / output_ids: the drafter's history"),
 )
 
 
@@ -120,6 +162,11 @@ def check_hooks(phase: Optional[str] = None) -> list[str]:
         where = f"{h.module}:{h.attr} ({h.why})"
         try:
             obj = _resolve(h)
+        except ModuleNotFoundError as e:
+            if h.kernels and (e.name or "").split(".")[0] == "sgl_kernel":
+                continue  # no compiled kernels in this process (see Hook.kernels)
+            problems.append(f"{where}: missing ({type(e).__name__}: {e})")
+            continue
         except (ImportError, AttributeError) as e:
             problems.append(f"{where}: missing ({type(e).__name__}: {e})")
             continue

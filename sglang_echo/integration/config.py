@@ -14,7 +14,8 @@ reach every sglang subprocess). Resolution order, later wins:
 
 Defaults: policy ``echo``, ``k_max`` 64 (batch verification cap, roots included), ``max_depth``
 4, ``w_def`` 1, ``w_max`` 2, no calibration file (the paper's default gates, logged loudly),
-drafter ``eagle3``. ``width`` (the padded verify width W) defaults to the widest tree the policy
+drafter ``eagle3`` (the EAGLE-3 head of ``--speculative-draft-model-path``; ``ngram``: the
+parameter-free n-gram drafter :class:`sglang_echo.drafters.ngram.NGramDrafter`, no draft model). ``width`` (the padded verify width W) defaults to the widest tree the policy
 can build: ``max(max_depth + 1, min(k_max, 1 + max_depth * w_def + w_max))``.
 """
 
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 ENV_CONFIG = "SGLANG_ECHO_CONFIG"
 ENV_PREFIX = "SGLANG_ECHO_"
-DRAFTERS = ("eagle3",)
+DRAFTERS = ("eagle3", "ngram")
 # Policies whose tree grows by the elastic scheduler (frontier w_def, children w_max).
 ELASTIC = ("echo", "dense-gating", "fixed-threshold")
 
@@ -210,6 +211,21 @@ def load_config(
         cfg, sources = replace(cfg, **overrides), sources + ["env " + ",".join(sorted(overrides))]
     cfg = replace(cfg, source=" < ".join(["defaults"] + sources))
     return cfg.validate()
+
+
+def configured_drafter(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The ``drafter`` setting alone (file < env; no flag maps to it), unvalidated.
+
+    sglang asks the algorithm object's predicates (``is_eagle``, ``is_ngram``, ...) from many
+    places, some before the server args are validated; they only need this one field.
+    """
+    env = os.environ if environ is None else environ
+    drafter = EchoConfig.drafter
+    spec = env.get(ENV_CONFIG)
+    if spec:
+        drafter = _read_file(spec)[0].get("drafter", drafter)
+    raw = env.get(ENV_PREFIX + "DRAFTER")
+    return raw if raw else drafter
 
 
 def load_calibration_for(cfg: EchoConfig, *, model_path: Optional[str] = None, draft_path: Optional[str] = None):

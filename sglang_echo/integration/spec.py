@@ -8,6 +8,7 @@ runs first, then ``handle_server_args``.
 from __future__ import annotations
 
 import logging
+import os
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
@@ -18,22 +19,36 @@ DEFAULT_MAX_RUNNING_REQUESTS = 48  # as sglang's _handle_eagle_family
 
 
 class EchoSpecAlgo(CustomSpecAlgo):
-    """EAGLE-3-drafted tree speculation whose trees are chosen by an ECHO core policy."""
+    """Tree speculation whose trees are chosen by an ECHO core policy.
+
+    With the default ``drafter: eagle3`` it is an EAGLE-3-drafted algorithm (EAGLE plumbing:
+    aux hidden capture, draft KV, FutureMap relay of topk/hidden states). With ``drafter:
+    ngram`` there is no draft model and it presents itself to sglang exactly as NGRAM does
+    (``is_ngram()``: verify-only relay, no draft KV, synchronous grammar), and the worker is
+    :class:`~sglang_echo.integration.ngram_worker.EchoNgramWorker`. The drafter comes from the
+    ECHO settings (environment, identical in every sglang process).
+    """
 
     def is_eagle(self) -> bool:  # EAGLE plumbing: aux hidden capture, KV sizing, FutureMap
-        return True
+        return not _ngram()
 
     def is_eagle3(self) -> bool:  # EAGLE-3 aux hidden states + hot-token map
-        return True
+        return not _ngram()
 
-    def supports_grammar_overlap(self) -> bool:  # verify goes through run_eagle_verify
-        return True
+    def is_ngram(self) -> bool:  # NGRAM plumbing: no draft model/KV, accept_tokens relay
+        return _ngram()
+
+    def has_draft_kv(self) -> bool:
+        return not _ngram()
+
+    def supports_grammar_overlap(self) -> bool:  # EAGLE: verify goes through run_eagle_verify
+        return not _ngram()  # NGRAM drafts on the host and stays synchronous
 
     def need_topk(self) -> bool:  # FutureMap relays topk_p / topk_index / hidden states
-        return True
+        return not _ngram()
 
     def carries_draft_hidden_states(self) -> bool:
-        return True
+        return not _ngram()
 
     def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens: bool = True,
                           needs_confidence_relay: bool = False):
@@ -44,8 +59,47 @@ class EchoSpecAlgo(CustomSpecAlgo):
     def get_platform_worker_cls(self):
         return None
 
+    def create_worker(self, server_args):
+        if not _ngram():
+            return super().create_worker(server_args)  # the registered factory: EchoWorker
+        # Registered with supports_overlap=True, so the base method would only call the factory.
+        from .compat import assert_compatible
+
+        assert_compatible("worker")
+        from .ngram_worker import EchoNgramWorker
+
+        return EchoNgramWorker
+
     def handle_server_args(self, server_args) -> None:
         handle_server_args(server_args)
+
+
+_DRAFTER_CACHE: dict[tuple, str] = {}
+
+
+def _drafter() -> str:
+    """The configured ECHO drafter, cached per (config, drafter) environment values."""
+    from .config import (
+        ENV_CONFIG,
+        ENV_PREFIX,
+        EchoConfig,
+        EchoConfigError,
+        configured_drafter,
+    )
+
+    key = (os.environ.get(ENV_CONFIG), os.environ.get(ENV_PREFIX + "DRAFTER"))
+    hit = _DRAFTER_CACHE.get(key)
+    if hit is None:
+        try:
+            hit = configured_drafter()
+        except EchoConfigError:  # reported by validate_server_args, which stops the launch
+            hit = EchoConfig.drafter
+        _DRAFTER_CACHE[key] = hit
+    return hit
+
+
+def _ngram() -> bool:
+    return _drafter() == "ngram"
 
 
 def _echo_config(sa):
@@ -60,14 +114,19 @@ def _echo_config(sa):
 
 def validate_server_args(sa) -> None:
     """Reject what ECHO does not support, with messages that name the flag."""
-    from .config import load_calibration_for
+    from .config import configured_drafter, load_calibration_for
 
     def no(cond: bool, msg: str) -> None:
         if cond:
             raise ValueError(f"--speculative-algorithm ECHO: {msg}")
 
-    no(not sa.speculative_draft_model_path,
-       "needs an EAGLE-3 draft head: pass --speculative-draft-model-path")
+    if configured_drafter() == "ngram":
+        no(bool(sa.speculative_draft_model_path),
+           "drafter 'ngram' uses no draft model: drop --speculative-draft-model-path")
+    else:
+        no(not sa.speculative_draft_model_path,
+           "needs an EAGLE-3 draft head: pass --speculative-draft-model-path "
+           "(or set the ECHO drafter to 'ngram', which needs none)")
     no((sa.pp_size or 1) > 1, "pipeline parallelism (--pp-size > 1) is not supported")
     no(bool(sa.enable_dp_attention), "--enable-dp-attention is not supported")
     no(str(sa.disaggregation_mode or "null") != "null", "prefill/decode disaggregation is not supported")

@@ -1,24 +1,52 @@
-"""Draft heads `make serve` uses until a trained EAGLE-3 head for the target ships.
+"""Draft heads for the prepared target: the trained EAGLE-3 head that ships, and a plumbing head.
 
-:func:`early_exit_draft` writes an EAGLE-3-format head built from the target's own weights, with
-no training: sglang feeds an EAGLE-3 head the residual stream before target layers
-``[2, L/2, L-3]``; this head's FC keeps only the deepest of them, its one decoder layer has zero
-output projections (an identity on the residual), and its norm and LM head are the target's.
-
-It is plumbing-grade, not a useful drafter, and the measurements say so (MAT about 1.1 on
-SmolLM2, ``benchmarks/results/``): EAGLE-3 pairs the root token ``x_n`` with the target's hidden
-state at position ``n-1``, whose early exit predicts ``x_n`` itself rather than ``x_{n+1}``, so a
-draft is accepted only where the text repeats a token. It exercises every code path (drafting,
-trees, verification, KV commit) with real acceptances, and is lossless like any drafter.
+* :func:`default_eagle3_head` is what ``make serve`` and the benchmarks use: the EAGLE-3 head
+  trained for SmolLM2-135M-Instruct by ``echo-train-drafter`` (``sglang_echo/assets/``, with its
+  model card). It is staged into the cache next to the target with the target's tokenizer files,
+  because sglang's draft runner loads a tokenizer from the draft directory.
+* :func:`early_exit_draft` writes an untrained EAGLE-3-format head from the target's own weights
+  (FC keeps the deepest captured state, the decoder layer is an identity, norm and LM head are the
+  target's). It is plumbing-grade: EAGLE-3 pairs the root token ``x_n`` with the hidden state at
+  ``n-1``, whose early exit predicts ``x_n`` itself, so it is accepted only where text repeats
+  (MAT about 1.1). Tests use it to exercise every code path without depending on training.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
-from .cache import models_dir
-from .tiny import write_tiny_eagle3_draft
+from .cache import atomic_dir, is_fresh, locked, models_dir
+from .tiny import copy_tokenizer, write_tiny_eagle3_draft
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+SMOLLM2_EAGLE3 = ASSETS / "eagle3-smollm2-135m-instruct"
+HEAD_FILES = ("config.json", "model.safetensors")
+
+
+class DraftMismatch(ValueError):
+    """The shipped head was trained for a different target."""
+
+
+def default_eagle3_head(target_dir: Path, head_dir: Path = SMOLLM2_EAGLE3) -> Path:
+    """The shipped head staged for ``target_dir`` (checked against its geometry; cached)."""
+    target_dir, head_dir = Path(target_dir), Path(head_dir)
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    hcfg = json.loads((head_dir / "config.json").read_text())
+    for key in ("hidden_size", "vocab_size"):
+        if tcfg[key] != hcfg[key]:
+            raise DraftMismatch(f"{head_dir.name} was trained for a target with {key}={hcfg[key]}, "
+                                f"{target_dir} has {tcfg[key]}: pass --draft with a head for this target")
+    out = models_dir() / f"{target_dir.name}-{head_dir.name}"
+    fp = json.dumps({"head": {f: (head_dir / f).stat().st_size for f in HEAD_FILES}, "target": str(target_dir)})
+    with locked(out):
+        if not is_fresh(out, fp):
+            with atomic_dir(out, {"fingerprint": fp}) as tmp:
+                for f in HEAD_FILES:
+                    shutil.copy2(head_dir / f, tmp / f)
+                copy_tokenizer(target_dir, tmp)
+    return out
 
 
 def early_exit_draft(target_dir: Path, out: Path | None = None) -> Path:

@@ -43,7 +43,7 @@ def _load_config(model_dir: Path) -> dict[str, Any]:
     return json.loads((Path(model_dir) / "config.json").read_text())
 
 
-def _copy_tokenizer(src: Path, dst: Path) -> None:
+def copy_tokenizer(src: Path, dst: Path) -> None:
     for name in TOKENIZER_FILES:
         if (src / name).exists():
             shutil.copy2(src / name, dst / name)
@@ -101,7 +101,7 @@ def write_tiny_llama(
                 torch.manual_seed(seed)
                 model = LlamaForCausalLM(LlamaConfig(**cfg)).to(getattr(torch, dtype))
                 model.save_pretrained(str(tmp), safe_serialization=True)
-                _copy_tokenizer(Path(tokenizer_dir), tmp)
+                copy_tokenizer(Path(tokenizer_dir), tmp)
     return TinyArtefact(out, _load_config(out))
 
 
@@ -249,5 +249,5 @@ def write_tiny_eagle3_draft(
                 _save(tensors, tmp / "model.safetensors")
                 (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
                 # sglang may build a tokenizer for the draft runner; make the dir self-contained.
-                _copy_tokenizer(target_dir, tmp)
+                copy_tokenizer(target_dir, tmp)
     return TinyArtefact(out, _load_config(out))

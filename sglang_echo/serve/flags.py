@@ -106,19 +106,21 @@ def _spec_args(opts: ServerOptions) -> list[str]:
                 "--spec echo: the ECHO plugin (sglang_echo.plugin) is not available yet; "
                 "use --spec none|ngram|eagle3 for now."
             )
+        if opts.spec == "echo":
+            # ECHO derives steps/topk/draft tokens from its own config (and rejects topk < 2),
+            # so only the algorithm and the head are passed; ECHO knobs go after `--` or in the
+            # SGLANG_ECHO_* environment. No head: ECHO's n-gram drafter (SGLANG_ECHO_DRAFTER=ngram)
+            # needs none, and ECHO itself refuses to start an EAGLE-3 drafter without one.
+            args = ["--speculative-algorithm", "ECHO"]
+            if opts.draft_path is not None:
+                args += ["--speculative-draft-model-path", str(opts.draft_path)]
+            return args
         if opts.draft_path is None:
             raise LaunchError(
                 f"--spec {opts.spec} needs an EAGLE-3 draft head: pass --draft PATH "
                 "(a trained head will ship later; for plumbing tests write a random one with "
                 "sglang_echo.models.tiny.write_tiny_eagle3_draft)."
             )
-        if opts.spec == "echo":
-            # ECHO derives steps/topk/draft tokens from its own config (and rejects topk < 2),
-            # so only the algorithm and the head are passed; ECHO knobs go after `--`.
-            return [
-                "--speculative-algorithm", "ECHO",
-                "--speculative-draft-model-path", str(opts.draft_path),
-            ]
         return [
             "--speculative-algorithm", "EAGLE3",
             "--speculative-draft-model-path", str(opts.draft_path),

@@ -6,7 +6,7 @@
 
 Prepares SmolLM2-135M-Instruct (cached) unless --model is given, prints what it is about to
 run, then exec()s `python -m sglang.launch_server` so signals go straight to sglang.
-Exit code 2: a configuration that cannot run (ECHO plugin missing, EAGLE-3 without --draft).
+Exit code 2: a configuration that cannot run (ECHO plugin missing, a draft head for another target).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--model", type=Path, default=None, help="target checkpoint (default: prepared SmolLM2)")
-    ap.add_argument("--draft", type=Path, default=None, help="EAGLE-3 draft head dir (eagle3/echo)")
+    ap.add_argument("--draft", type=Path, default=None, help="EAGLE-3 draft head dir (eagle3/echo; default: the shipped head)")
     ap.add_argument("--dtype", default=None, help="e.g. bfloat16 | float32 (default: checkpoint's)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     ap.add_argument("--max-total-tokens", type=int, default=None)
@@ -42,6 +42,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.extra and args.extra[0] == "--":
         args.extra = args.extra[1:]
     return args
+
+
+def _echo_without_model(spec: str) -> bool:
+    """ECHO configured with a parameter-free drafter (SGLANG_ECHO_DRAFTER=ngram) needs no head."""
+    if spec != "echo":
+        return False
+    from sglang_echo.integration.config import configured_drafter
+
+    return configured_drafter() == "ngram"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         enable_metrics=args.enable_metrics,
         extra_args=tuple(args.extra),
     )
-    needs_draft = args.spec in ("eagle3", "echo") and args.draft is None
+    needs_draft = args.spec in ("eagle3", "echo") and args.draft is None and not _echo_without_model(args.spec)
     try:
         # Validate spec/draft before the (possibly slow) model preparation.
-        build_command(replace(opts, draft_path=Path("<early-exit>")) if needs_draft else opts)
+        build_command(replace(opts, draft_path=Path("<shipped-head>")) if needs_draft else opts)
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
@@ -79,12 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"[sglang-echo] model: {args.model}")
     if needs_draft:
-        from sglang_echo.models.drafts import early_exit_draft
+        from sglang_echo.models.drafts import DraftMismatch, default_eagle3_head
 
-        args.draft = early_exit_draft(opts.model_path)
+        try:
+            args.draft = default_eagle3_head(opts.model_path)
+        except DraftMismatch as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         opts = replace(opts, draft_path=args.draft)
-        print("[sglang-echo] no --draft given and no trained EAGLE-3 head ships yet: using an "
-              "early-exit head built from the target's own layers (sglang_echo/models/drafts.py)")
+        print("[sglang-echo] no --draft given: using the shipped EAGLE-3 head (sglang_echo/assets/, see its README)")
     cmd = build_command(opts)
     if args.draft:
         print(f"[sglang-echo] draft: {args.draft}")

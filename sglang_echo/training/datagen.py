@@ -18,7 +18,7 @@ from tqdm import tqdm
 from .prompt_pool import build_pool
 
 
-def load_target(model_dir: str, dtype: torch.dtype = torch.bfloat16):
+def load_target(model_dir: str, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -52,14 +52,36 @@ def write_shard(path: Path, rows: list[tuple[list[int], int]]) -> None:
     tmp.rename(path)
 
 
+def read_shard(shard: Path) -> list[tuple[torch.Tensor, int]]:
+    """(sequence ids, prompt length) of every row in one shard."""
+    t = load_file(str(shard))
+    return [(seq, int(p)) for seq, p in zip(torch.split(t["input_ids"].long(), t["lengths"].tolist()), t["prompt_lengths"].tolist())]
+
+
 def read_shards(data_dir: str | Path) -> list[tuple[torch.Tensor, int]]:
     """Every (sequence ids, prompt length) in a data directory."""
-    out = []
-    for shard in sorted(Path(data_dir).glob("shard-*.safetensors")):
-        t = load_file(str(shard))
-        for seq, p in zip(torch.split(t["input_ids"].long(), t["lengths"].tolist()), t["prompt_lengths"].tolist()):
-            out.append((seq, int(p)))
-    return out
+    return [row for shard in sorted(Path(data_dir).glob("shard-*.safetensors")) for row in read_shard(shard)]
+
+
+def generate(model_dir: str | Path, out: str | Path, prompts: int, max_new: int = 192, batch: int = 32,
+             shard_size: int = 128, seed: int = 0, dtype: str = "float32") -> None:
+    """Answer ``prompts`` pool prompts with the target into ``out/shard-*.safetensors`` (resumable)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    pool = build_pool(prompts, seed)
+    shards = [pool[i : i + shard_size] for i in range(0, len(pool), shard_size)]
+    todo = [k for k in range(len(shards)) if not (out / f"shard-{k:05d}.safetensors").exists()]
+    if not todo:
+        return
+    tok, model = load_target(str(model_dir), getattr(torch, dtype))
+    bar = tqdm(total=len(pool), initial=(len(shards) - len(todo)) * shard_size, desc="self-distillation", unit="prompt")
+    for k in todo:
+        rows = []
+        for i in range(0, len(shards[k]), batch):
+            rows += answer(tok, model, shards[k][i : i + batch], max_new)
+            bar.update(len(shards[k][i : i + batch]))
+        write_shard(out / f"shard-{k:05d}.safetensors", rows)
+    bar.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,27 +90,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--prompts", type=int, default=2000)
     ap.add_argument("--max-new", type=int, default=192)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--dtype", default="float32", help="target dtype (float32 is fastest on CPUs without bf16 units)")
     ap.add_argument("--shard-size", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pool = build_pool(args.prompts, args.seed)
-    tok, model = load_target(args.model)
-    shards = [pool[i : i + args.shard_size] for i in range(0, len(pool), args.shard_size)]
-    bar = tqdm(total=len(pool), desc="self-distillation", unit="prompt")
-    for k, shard_prompts in enumerate(shards):
-        path = out / f"shard-{k:05d}.safetensors"
-        if path.exists():
-            bar.update(len(shard_prompts))
-            continue
-        rows = []
-        for i in range(0, len(shard_prompts), args.batch):
-            rows += answer(tok, model, shard_prompts[i : i + args.batch], args.max_new)
-            bar.update(len(shard_prompts[i : i + args.batch]))
-        write_shard(path, rows)
-    bar.close()
+    a = ap.parse_args(argv)
+    generate(a.model, a.out, a.prompts, a.max_new, a.batch, a.shard_size, a.seed, a.dtype)
 
 
 if __name__ == "__main__":

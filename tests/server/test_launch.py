@@ -32,11 +32,18 @@ def test_echo_flags_leave_the_tree_shape_to_echo(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("spec", ["eagle3", "echo"])
-def test_without_draft_the_early_exit_head_is_used(spec: str, smollm2_dir: Path) -> None:
+def test_without_draft_the_shipped_head_is_used(spec: str, smollm2_dir: Path) -> None:
     r = _launch("--spec", spec, "--port", "32098", "--dry-run", "--device", "cpu")
     assert r.returncode == 0, r.stderr
-    assert "early-exit head" in r.stdout
-    assert "-early-exit-eagle3" in r.stdout.split("exec:")[1]
+    assert "shipped EAGLE-3 head" in r.stdout
+    assert "-eagle3-smollm2-135m-instruct" in r.stdout.split("exec:")[1]
+
+
+def test_echo_with_the_ngram_drafter_needs_no_head(smollm2_dir: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SGLANG_ECHO_DRAFTER", "ngram")
+    r = _launch("--spec", "echo", "--port", "32098", "--dry-run", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "--speculative-draft-model-path" not in r.stdout.split("exec:")[1]
 
 
 def test_a_draft_dir_without_config_is_refused(tmp_path: Path) -> None:

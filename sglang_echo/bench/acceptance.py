@@ -1,0 +1,284 @@
+"""`echo-bench acceptance`: acceptance (MAT) and step cost of tree policies, offline.
+
+Runs the engine-agnostic speculative loop (:mod:`sglang_echo.eval`) with an HF transformers
+target on every (prompt set, policy) pair and checks that every output equals plain greedy
+decoding (any mismatch is printed loudly and the command exits non-zero). Per row: MAT (mean
+accepted tokens per request per step, bonus included), verified tokens per step (roots included),
+draft and verify milliseconds per step, and end-to-end generated tokens per second.
+
+    echo-bench acceptance --target DIR --drafter eagle3 --draft DIR \\
+        --policies chain6,static-tree,echo --prompts humaneval,chat --num-prompts 20 \\
+        --max-new 128 --batch 8 --out benchmarks/results/acceptance-eagle3
+
+Policy names: ``chainN`` (a chain of depth N), ``static-tree`` (EAGLE-3's 8 steps / top-10 /
+60 tokens unless ``--max-depth``/``--topk``/``--total-tokens`` say otherwise), and every name of
+:data:`sglang_echo.core.factory.POLICIES` (``echo`` = ECHO with the default gating, or the
+``--calibration`` file's). Budgeted policies share ``--k-max`` verified tokens per step over the
+batch (default ``8 * batch``). ``ar`` (plain decoding, the reference) is always the first row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..core.baselines import Chain
+from ..core.factory import POLICIES, PolicyConfig, make_policy
+from ..core.policy import TreePolicy
+
+
+@dataclass
+class Row:
+    """Totals of one (prompt set, policy) over every batch."""
+
+    prompts: str
+    drafter: str
+    policy: str
+    requests: int = 0
+    steps: int = 0
+    request_steps: int = 0
+    committed: int = 0  # sum of (L_i + 1) over request-steps
+    verified: int = 0
+    max_verified: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    generated: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+    mismatches: list = field(default_factory=list)
+
+    def add(self, res) -> None:
+        self.requests += len(res.tokens)
+        self.steps += res.steps
+        self.request_steps += res.request_steps
+        self.committed += int(sum(int((a[a >= 0] + 1).sum()) for a in res.accept_len))
+        self.verified += sum(res.verified)
+        self.max_verified = max([self.max_verified, *res.verified_total])
+        self.drafted += res.totals.drafted
+        self.accepted += res.totals.accepted
+        self.generated += res.num_generated
+        self.draft_s += sum(res.draft_s)
+        self.verify_s += sum(res.verify_s)
+        self.total_s += res.total_s
+
+    def summary(self) -> dict:
+        per_step = lambda x: x / self.steps if self.steps else 0.0  # noqa: E731
+        return {
+            "prompts": self.prompts,
+            "drafter": self.drafter,
+            "policy": self.policy,
+            "requests": self.requests,
+            "steps": self.steps,
+            "mat": self.committed / self.request_steps if self.request_steps else 0.0,
+            "verified_per_step": per_step(self.verified),
+            "max_verified_per_step": self.max_verified,
+            "yield": self.accepted / self.drafted if self.drafted else 0.0,
+            "draft_ms_per_step": 1e3 * per_step(self.draft_s),
+            "verify_ms_per_step": 1e3 * per_step(self.verify_s),
+            "tokens_per_s": self.generated / self.total_s if self.total_s else 0.0,
+            "generated": self.generated,
+            "mismatches": len(self.mismatches),
+        }
+
+
+COLUMNS = (
+    ("prompts", "prompts", "{}"),
+    ("drafter", "drafter", "{}"),
+    ("policy", "policy", "{}"),
+    ("mat", "MAT", "{:.3f}"),
+    ("verified_per_step", "verified/step", "{:.1f}"),
+    ("yield", "yield", "{:.3f}"),
+    ("draft_ms_per_step", "draft ms/step", "{:.2f}"),
+    ("verify_ms_per_step", "verify ms/step", "{:.2f}"),
+    ("tokens_per_s", "tok/s", "{:.1f}"),
+    ("mismatches", "mismatches", "{}"),
+)
+
+
+def markdown(rows: list[dict]) -> str:
+    head = "| " + " | ".join(c[1] for c in COLUMNS) + " |"
+    sep = "| " + " | ".join("---" for _ in COLUMNS) + " |"
+    body = ["| " + " | ".join(fmt.format(r[k]) for k, _, fmt in COLUMNS) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def build_policy(name: str, cfg: PolicyConfig, calibration=None) -> TreePolicy:
+    m = re.fullmatch(r"chain-?(\d+)", name)
+    if m:
+        return Chain(int(m.group(1)))
+    if name not in POLICIES:
+        raise SystemExit(f"unknown policy {name!r}: use chainN or one of {', '.join(POLICIES)}")
+    return make_policy(name, cfg, calibration=calibration)
+
+
+def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device):
+    """The drafter (imported lazily) and the target layers it reads."""
+    if kind == "ngram":
+        from ..drafters.ngram import NGramDrafter
+
+        d = NGramDrafter()
+        return d, tuple(getattr(d, "captured_layers", ()))
+    if kind == "eagle3":
+        if draft is None:
+            raise SystemExit("--drafter eagle3 needs --draft DIR (an EAGLE-3 head checkpoint)")
+        from ..drafters.eagle3 import Eagle3Drafter
+        from ..drafters.eagle3_head import Eagle3Head
+
+        embed = model.get_input_embeddings().weight
+        head = Eagle3Head.load(draft, embed=embed, num_target_layers=model.config.num_hidden_layers).to(device)
+        d = Eagle3Drafter(head)
+        return d, tuple(getattr(d, "captured_layers", head.cfg.aux_layer_ids))
+    raise SystemExit(f"unknown drafter {kind!r}")
+
+
+def load_prompt_ids(name: str, limit: int, tokenizer, max_prompt_len: Optional[int]) -> list[torch.Tensor]:
+    from ..models.prompts import load
+
+    out = []
+    for p in load(name, limit):
+        ids = tokenizer(p.as_text(tokenizer), add_special_tokens=not p.is_chat)["input_ids"]
+        if max_prompt_len:
+            ids = ids[-max_prompt_len:]
+        out.append(torch.tensor(ids, dtype=torch.long))
+    return out
+
+
+def _first_diff(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="echo-bench acceptance", description=__doc__.splitlines()[0])
+    ap.add_argument("--target", type=Path, required=True, help="HF checkpoint dir of the target")
+    ap.add_argument("--drafter", choices=("eagle3", "ngram"), required=True)
+    ap.add_argument("--draft", type=Path, help="EAGLE-3 head dir (--drafter eagle3)")
+    ap.add_argument("--policies", default="chain6,static-tree,echo")
+    ap.add_argument("--prompts", default="humaneval,chat", help="comma-separated prompt sets (models/prompts.py)")
+    ap.add_argument("--num-prompts", type=int, default=20, help="per prompt set")
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--k-max", type=int, default=None, help="batch verification cap of budgeted policies (default 8*batch)")
+    ap.add_argument("--max-depth", type=int, default=8, help="draft depth of echo & co. and of the static tree")
+    ap.add_argument("--topk", type=int, default=10, help="static tree")
+    ap.add_argument("--total-tokens", type=int, default=60, help="static tree, root included")
+    ap.add_argument("--w-def", type=int, default=1)
+    ap.add_argument("--w-max", type=int, default=4)
+    ap.add_argument("--calibration", type=Path, default=None, help="echo-calibrate output (default: paper defaults)")
+    ap.add_argument("--ignore-eos", action="store_true", help="always generate --max-new tokens")
+    ap.add_argument("--max-prompt-len", type=int, default=None, help="keep only the last N prompt tokens")
+    ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md (a .json/.md suffix is dropped)")
+    args = ap.parse_args(argv)
+
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..eval import HFTarget, autoregressive_generate, speculative_generate
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    k_max = args.k_max or 8 * args.batch
+    cfg = PolicyConfig(k_max=k_max, max_depth=args.max_depth, w_def=args.w_def, w_max=args.w_max,
+                       topk=args.topk, total_tokens=args.total_tokens)
+    calibration = None
+    if args.calibration is not None:
+        from ..core.calibration_file import load_calibration
+
+        calibration = load_calibration(args.calibration)
+    policy_names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    set_names = [s.strip() for s in args.prompts.split(",") if s.strip()]
+    policies = {n: build_policy(n, cfg, calibration) for n in policy_names}  # fail fast on bad names
+
+    tokenizer = AutoTokenizer.from_pretrained(str(args.target))
+    model = AutoModelForCausalLM.from_pretrained(str(args.target), dtype=getattr(torch, args.dtype)).to(device)
+    drafter, captured = build_drafter(args.drafter, args.draft, model, device)
+    target = HFTarget(model, captured)
+    eos = None if args.ignore_eos else tokenizer.eos_token_id
+
+    sets = {n: load_prompt_ids(n, args.num_prompts, tokenizer, args.max_prompt_len) for n in set_names}
+    batches = {n: [ids[i : i + args.batch] for i in range(0, len(ids), args.batch)] for n, ids in sets.items()}
+    # Warm-up (allocator, kernels, lazy inits) so the first timed row is not penalised.
+    first = next((b for bs in batches.values() for b in bs), None)
+    if first is not None:
+        autoregressive_generate(target, first, min(4, args.max_new), eos)
+        speculative_generate(target, drafter, next(iter(policies.values())), first, min(4, args.max_new), eos)
+
+    total = sum(len(bs) for bs in batches.values()) * (1 + len(policies))
+    rows: list[Row] = []
+    bar = tqdm(total=total, desc="acceptance", unit="batch")
+    for set_name, bs in batches.items():
+        ar_row = Row(set_name, "-", "ar")
+        refs = []
+        for batch in bs:
+            bar.set_postfix_str(f"{set_name} ar")
+            res = autoregressive_generate(target, batch, args.max_new, eos)
+            ar_row.add(res)
+            refs.append(res.tokens)
+            bar.update()
+        rows.append(ar_row)
+        for pname, policy in policies.items():
+            row = Row(set_name, args.drafter, pname)
+            for i, batch in enumerate(bs):
+                bar.set_postfix_str(f"{set_name} {pname}")
+                res = speculative_generate(target, drafter, policy, batch, args.max_new, eos)
+                row.add(res)
+                for b, (got, want) in enumerate(zip(res.tokens, refs[i])):
+                    if got != want:
+                        j = _first_diff(got, want)
+                        row.mismatches.append({"prompt": i * args.batch + b, "first_diff": j,
+                                               "got": got[j : j + 8], "want": want[j : j + 8]})
+                        tqdm.write(f"!!! MISMATCH {set_name}/{pname} prompt {i * args.batch + b}: "
+                                   f"output differs from greedy AR at token {j}: {got[j:j + 8]} vs {want[j:j + 8]}",
+                                   file=sys.stderr)
+                bar.update()
+            rows.append(row)
+    bar.close()
+
+    summaries = [r.summary() for r in rows]
+    table = markdown(summaries)
+    print(table)
+    mismatches = {f"{r.prompts}/{r.policy}": r.mismatches for r in rows if r.mismatches}
+    if args.out is not None:
+        stem = args.out.with_suffix("") if args.out.suffix in (".json", ".md") else args.out
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "command": "echo-bench acceptance " + shlex.join(sys.argv[1:] if argv is None else argv),
+            "machine": platform.node(),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "target": str(args.target),
+            "draft": str(args.draft) if args.draft else None,
+            "captured_layers": list(captured),
+            "k_max": k_max,
+            "policies": {n: p.name for n, p in policies.items()},
+            "eos_id": eos,
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        }
+        Path(f"{stem}.json").write_text(json.dumps({**meta, "rows": summaries, "mismatch_details": mismatches}, indent=2) + "\n")
+        Path(f"{stem}.md").write_text(f"`{meta['command']}` on {meta['device']}\n\n{table}\n")
+        print(f"wrote {stem}.json and {stem}.md")
+    if mismatches:
+        n = sum(len(v) for v in mismatches.values())
+        print(f"!!! {n} speculative outputs differ from greedy AR decoding: {', '.join(mismatches)}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

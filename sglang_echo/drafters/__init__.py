@@ -1,0 +1,1 @@
+"""Drafters: the interface (base.py) and the engine-agnostic drafters."""

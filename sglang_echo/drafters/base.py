@@ -1,0 +1,67 @@
+"""The drafter interface: what the ECHO step loop asks of any drafter.
+
+A drafter serves one batch of requests (row ``b`` = request ``b``) through this lifecycle::
+
+    drafter.start(prompts)                      # a new batch; prompts[b]: its token ids
+    drafter.catch_up(tokens, features)          # after prefill and after every verification
+    while building the step's trees:            # sglang_echo.core.policy.build_trees
+        drafter.propose(frontier, k)            # depth by depth, active requests only
+
+Contract:
+
+* ``captured_layers`` names the target layers whose *input* residual stream the drafter reads
+  (sglang's ``layers_to_capture``, HF ``hidden_states[i]``); the features handed to
+  :meth:`catch_up` are those layers concatenated in that order, ``[n, len(captured_layers) * H]``.
+  A parameter-free drafter captures nothing and receives ``None``.
+* :meth:`catch_up` commits each request's newly accepted tokens: after prefill,
+  ``prompt[1:] + [first token]``; after a verification, the accepted draft tokens plus the bonus
+  token. ``features[b][i]`` is the target's feature at the position *before* ``tokens[b][i]``
+  (EAGLE pairs ``h_t`` with ``x_{t+1}``), i.e. of the prompt positions after prefill and of the
+  root plus accepted nodes after a verification. This is WhiFlash's lazy catch-up: the drafter
+  only extends its own state (KV) with committed tokens; anything it drafted past them is dropped.
+  An empty tensor means "nothing new" (e.g. a finished request). Drafters that keep the token
+  history themselves (n-gram) already have the prompt from :meth:`start`, so the first catch-up
+  repeats ``prompt[1:]``: they check and skip it.
+* The root of request ``b``'s next tree is its last committed token. :meth:`propose` follows
+  :class:`sglang_echo.core.policy.TreeDrafter`: up to ``k`` children for every valid frontier
+  slot of an active request, with log-probabilities under the drafter (the path score of Eq. 5
+  and the confidence gates read them, so they must be calibrated probabilities, not raw scores).
+  ``frontier.source`` names a frontier node by its column in the Candidates of the *previous*
+  ``propose`` call of the same step (``-1`` for the roots), so a drafter can keep per-candidate
+  state (hidden states, drafted paths) between depths.
+* Drafters whose natural output is per-position marginals (DFlash, DART) implement
+  :meth:`propose` by reading the marginal of depth ``frontier.depth + 1``; the tree policy is
+  the same.
+
+Inside sglang the EAGLE-3 catch-up is sglang's own draft extend and ``propose`` is
+:class:`sglang_echo.integration.drafter.EagleFrontierDrafter`; the classes in this package are
+the engine-agnostic drafters the offline step loop, the calibrator and the trainer's evaluation
+use, and the parameter-free ones plug into the worker unchanged.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from torch import Tensor
+
+from sglang_echo.core.policy import Frontier
+from sglang_echo.core.tree import Candidates
+
+
+class Drafter(ABC):
+    name: str = "drafter"
+    captured_layers: tuple[int, ...] = ()
+
+    @abstractmethod
+    def start(self, prompts: Sequence[Tensor]) -> None:
+        """Forget every previous request and serve a new batch."""
+
+    @abstractmethod
+    def catch_up(self, tokens: Sequence[Tensor], features: Sequence[Tensor] | None) -> None:
+        """Commit accepted tokens per request (see the module contract)."""
+
+    @abstractmethod
+    def propose(self, frontier: Frontier, k: int) -> Candidates:
+        """Up to ``k`` children per valid frontier slot of the active requests."""

@@ -1,0 +1,150 @@
+"""A parameter-free n-gram drafter: prompt lookup / suffix decoding over each request's own text.
+
+The idea is prompt-lookup decoding (Saxena, 2023) and suffix decoding (Oliaro et al., 2024): the
+text a model is about to write often repeats something already in its prompt or output (code,
+quotes, extraction, boilerplate). For a tree node the *context* is the request's committed
+history followed by the node's drafted path (the root is the last history token). The drafter
+takes the longest suffix of the context, ``m`` tokens with ``max_ngram >= m >= min_ngram``, that
+occurred earlier in the context, counts which tokens followed those earlier occurrences, and
+proposes the ``k`` most frequent (ties: the most recent occurrence) as the node's children, so
+several continuations become several branches. No earlier occurrence: the node gets no children.
+
+Index. Per request, ``ngram -> {next token: [count, last position]}`` over the history, for every
+n-gram length, extended incrementally by :meth:`catch_up` (O(max_ngram) per committed token). A
+lookup reads that table for the occurrences followed by a history token and scans the at most
+``max_ngram + depth`` context tokens around the drafted path for those followed by a path token.
+
+Confidence model. ECHO's gates and path scores read the children's log-probabilities, so they
+must be probabilities. A child ``x`` that followed ``c_x`` of the ``n`` earlier occurrences of a
+length-``m`` suffix gets::
+
+    q(x) = c_x / (n + alpha) * (1 - exp(-beta * m))
+
+``c_x / (n + alpha)`` is the empirical continuation frequency with ``alpha`` pseudo-counts of "none
+of these" (a suffix seen once is not a certainty); ``1 - exp(-beta * m)`` discounts short matches,
+which are less likely to be a genuine repetition. ``q`` is in (0, 1), grows with ``c_x`` and with
+``m``, and siblings sum to at most ``n / (n + alpha) < 1``. ``alpha`` and ``beta`` are uncalibrated
+priors; calibrate the gate thresholds for this drafter (echo-calibrate) rather than tuning them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from sglang_echo.core.policy import Frontier
+from sglang_echo.core.tree import Candidates
+
+from .base import Drafter
+
+Stats = dict[int, list[int]]  # next token -> [count, last position of that token]
+
+
+class NGramDrafter(Drafter):
+    name = "ngram"
+    captured_layers: tuple[int, ...] = ()
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, alpha: float = 1.0, beta: float = 1.0):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if alpha <= 0 or beta <= 0:
+            raise ValueError(f"alpha and beta must be positive, got {alpha}, {beta}")
+        self.max_ngram, self.min_ngram, self.alpha, self.beta = max_ngram, min_ngram, alpha, beta
+        self.start([])
+
+    # -- the lifecycle -----------------------------------------------------------------------
+    def start(self, prompts: Sequence[Tensor]) -> None:
+        self._hist: list[list[int]] = []
+        self._index: list[dict[tuple[int, ...], Stats]] = []
+        # Tokens the prefill catch-up repeats (prompt[1:], see base.py) and that we already hold.
+        self._skip: list[int] = []
+        self._paths: list[list[tuple[int, ...]]] = []  # drafted path of every last candidate column
+        for b, prompt in enumerate(prompts):
+            toks = [int(t) for t in prompt.reshape(-1).tolist()]
+            if not toks:
+                raise ValueError(f"request {b} has an empty prompt")
+            self._hist.append([])
+            self._index.append({})
+            self._skip.append(len(toks) - 1)
+            for t in toks:
+                self._push(b, t)
+
+    def catch_up(self, tokens: Sequence[Tensor], features: Optional[Sequence[Tensor]] = None) -> None:
+        if len(tokens) != len(self._hist):
+            raise ValueError(f"catch_up got {len(tokens)} requests, the batch has {len(self._hist)}")
+        for b, t in enumerate(tokens):
+            new = [int(x) for x in t.reshape(-1).tolist()]
+            if not new:
+                continue
+            skip = self._skip[b]
+            if skip:  # the prefill catch-up: prompt[1:] + [first token]
+                if new[:skip] != self._hist[b][1 : skip + 1] or len(new) <= skip:
+                    raise ValueError(f"request {b}: the first catch_up must be prompt[1:] + new tokens")
+                new, self._skip[b] = new[skip:], 0
+            for x in new:
+                self._push(b, x)
+
+    def propose(self, frontier: Frontier, k: int) -> Candidates:
+        B, F = frontier.slots.shape
+        C = F * k
+        valid_in, source = frontier.valid.tolist(), frontier.source.tolist()
+        tokens = [[0] * C for _ in range(B)]
+        logprob = [[float("-inf")] * C for _ in range(B)]
+        valid = [[False] * C for _ in range(B)]
+        paths: list[list[tuple[int, ...]]] = [[()] * C for _ in range(B)]
+        for b in range(B):
+            for f in range(F):
+                if not valid_in[b][f]:
+                    continue
+                path = self._paths[b][source[b][f]] if source[b][f] >= 0 else ()
+                for i, (tok, p) in enumerate(self._continuations(b, path, k)):
+                    col = f * k + i
+                    tokens[b][col], logprob[b][col], valid[b][col] = tok, math.log(p), True
+                    paths[b][col] = path + (tok,)
+        self._paths = paths
+        dev = frontier.slots.device
+        parent = torch.arange(F, device=dev).repeat_interleave(k).expand(B, C)
+        return Candidates(
+            tokens=torch.tensor(tokens, dtype=torch.int64, device=dev).reshape(B, C),
+            logprob=torch.tensor(logprob, dtype=torch.float32, device=dev).reshape(B, C),
+            parent=parent.contiguous(),
+            valid=torch.tensor(valid, dtype=torch.bool, device=dev).reshape(B, C),
+        )
+
+    # -- internals ---------------------------------------------------------------------------
+    def history(self, b: int) -> list[int]:
+        """Request ``b``'s committed tokens (a copy)."""
+        return list(self._hist[b])
+
+    def _push(self, b: int, tok: int) -> None:
+        """Append one committed token: every n-gram ending just before it gains ``tok`` as next."""
+        hist, index = self._hist[b], self._index[b]
+        t = len(hist)
+        for n in range(self.min_ngram, min(self.max_ngram, t) + 1):
+            entry = index.setdefault(tuple(hist[t - n : t]), {}).setdefault(tok, [0, t])
+            entry[0] += 1
+            entry[1] = t
+        hist.append(tok)
+
+    def _continuations(self, b: int, path: tuple[int, ...], k: int) -> list[tuple[int, float]]:
+        """Up to ``k`` (token, probability) children of the node whose drafted path is ``path``."""
+        hist = self._hist[b]
+        h = min(len(hist), self.max_ngram)
+        tail = hist[len(hist) - h :] + list(path)  # the context's last h + len(path) tokens
+        offset = len(hist) - h  # position of tail[0] in the context
+        for m in range(min(self.max_ngram, len(hist) + len(path) - 1), self.min_ngram - 1, -1):
+            query = tuple(tail[-m:])
+            stats = {tok: (c, last) for tok, (c, last) in self._index[b].get(query, {}).items()}
+            for j in range(max(h, m), len(tail)):  # earlier occurrences followed by a path token
+                if tuple(tail[j - m : j]) == query:
+                    c, _ = stats.get(tail[j], (0, -1))
+                    stats[tail[j]] = (c + 1, offset + j)  # path positions are the most recent
+            if stats:
+                n = sum(c for c, _ in stats.values())
+                shrink = 1.0 - math.exp(-self.beta * m)
+                best = sorted(stats.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))[:k]
+                return [(tok, c / (n + self.alpha) * shrink) for tok, (c, _) in best]
+        return []

@@ -1,0 +1,320 @@
+"""ECHO with the parameter-free n-gram drafter: ``drafter: ngram`` (no draft model).
+
+:class:`EchoNgramWorker` is sglang's ``NGRAMWorker`` (the smallest arbitrary-tree worker, memo
+4.3) with one thing replaced: where the draft trees come from. NGRAM asks its C++ corpus for a
+padded ``[bs*W]`` token block and a ``W x W`` ancestor-or-self mask per request; here
+:meth:`EchoNgramWorker._prepare_draft_tokens` returns exactly that layout, built by
+
+1. one :class:`~sglang_echo.drafters.ngram.NGramDrafter` per request, keyed by ``req.rid`` and
+   fed the request's committed tokens (``origin_input_ids_unpadded + output_ids``, plus, under
+   overlap scheduling, the previous step's accepted tokens that ``output_ids`` does not hold
+   yet), catching up incrementally (:class:`RequestDrafters`);
+2. the core's ``build_trees(policy, drafter, roots)`` with the configured ECHO policy (any core
+   policy), the roots being each request's last committed token;
+3. :func:`~sglang_echo.integration.padded.to_sglang_dense` (padding = unreachable nodes with a
+   diagonal-only mask row).
+
+Everything else is NGRAM's, unchanged: ``reconstruct_indices_from_tree_mask`` derives positions
+and retrieve links from the mask, the target verifies the ``bs*W`` block (QLEN mask on CPU, FULL
+mask elsewhere), ``eagle_sample`` accepts, and the accepted KV is moved to the front. ECHO's
+additions: ``cap_lens = K_i`` on the result (sglang's ``spec_cap_length`` / histogram) and the
+``echo_*`` metrics.
+
+The corpus is not built (no C++ JIT, no shared corpus): ``ngram_corpus`` is a
+:class:`RequestDrafters`, which implements the three corpus calls NGRAM's generic code still
+makes (``synchronize``, ``erase_match_state`` for requests that left the batch, ``reset``).
+External corpora are NGRAM-only (sglang's API checks the algorithm name) and refused here.
+
+``NGRAMWorker``'s module imports sglang's compiled kernels (``sgl_kernel``) at import time, so
+:class:`EchoNgramWorker` is defined on first access (PEP 562 module ``__getattr__``): the
+drafting half of this module (:class:`RequestDrafters`, :func:`build_ngram_drafts`) imports
+anywhere, e.g. in tests on a CPU box outside the CPU engine.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sglang_echo.core.policy import Frontier, build_trees
+from sglang_echo.core.tree import Candidates
+from sglang_echo.drafters.ngram import NGramDrafter
+
+from .config import EchoConfig, load_calibration_for, load_config, make_echo_policy
+from .metrics import EchoMetrics
+from .padded import to_sglang_dense
+
+log = logging.getLogger(__name__)
+
+
+# -- per-request drafter state ------------------------------------------------------------------
+class History:
+    """A request's committed tokens, ``origin + output + extra``, without copying them."""
+
+    def __init__(self, origin: Sequence[int], output: Sequence[int], extra: Sequence[int] = ()):
+        self.parts = (origin, output, extra)
+        self._len = len(origin) + len(output) + len(extra)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i: int) -> int:
+        if i < 0:
+            i += self._len
+        for p in self.parts:
+            if i < len(p):
+                return int(p[i])
+            i -= len(p)
+        raise IndexError(i)
+
+    def tail(self, start: int) -> list[int]:
+        """Tokens ``[start, len)``."""
+        out: list[int] = []
+        for p in self.parts:
+            if start < len(p):
+                out.extend(int(x) for x in p[start:])
+                start = 0
+            else:
+                start -= len(p)
+        return out
+
+
+@dataclass
+class _State:
+    drafter: NGramDrafter
+    held: int  # committed tokens the drafter holds
+    last: int  # the last of them (to detect a rewritten history)
+
+
+class RequestDrafters:
+    """One :class:`NGramDrafter` per live request, keyed by rid; stands in for NGRAM's corpus."""
+
+    def __init__(self, make: Callable[[], NGramDrafter] = NGramDrafter):
+        self._make = make
+        self._states: dict[str, _State] = {}
+        self.rebuilds = 0  # histories that did not extend what the drafter held
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __contains__(self, rid) -> bool:
+        return rid in self._states
+
+    def sync(self, rid, hist: History) -> NGramDrafter:
+        """The request's drafter, caught up to ``hist`` (built on first sight)."""
+        n = len(hist)
+        if n == 0:
+            raise ValueError(f"request {rid!r} has no tokens")
+        st = self._states.get(rid)
+        if st is not None and (n < st.held or hist[st.held - 1] != st.last):
+            # Not an extension of what we hold (retracted and re-run, or a reused rid): rebuild.
+            st, self.rebuilds = None, self.rebuilds + 1
+        if st is None:
+            d = self._make()
+            # start() with the first token alone, so the first catch_up is plain (no prompt skip).
+            d.start([torch.tensor([hist[0]], dtype=torch.int64)])
+            st = self._states[rid] = _State(d, 1, hist[0])
+        if n > st.held:
+            st.drafter.catch_up([torch.tensor(hist.tail(st.held), dtype=torch.int64)])
+            st.held, st.last = n, hist[n - 1]
+        return st.drafter
+
+    # -- the NgramCorpus calls NGRAMWorker's generic code makes ------------------------------
+    def erase_match_state(self, rids) -> None:
+        for rid in rids:
+            self._states.pop(rid, None)
+
+    def reset(self) -> None:
+        self._states.clear()
+
+    def synchronize(self) -> None:
+        pass
+
+
+class BatchDrafter:
+    """The core's drafter protocol over per-request drafters (row ``b`` = ``drafters[b]``)."""
+
+    def __init__(self, drafters: Sequence[NGramDrafter]):
+        self.drafters = list(drafters)
+        self.forwards = 0  # depths proposed (no model forwards; kept for the metrics' shape)
+
+    def propose(self, frontier: Frontier, k: int) -> Candidates:
+        self.forwards += 1
+        parts = [d.propose(_row(frontier, b), k) for b, d in enumerate(self.drafters)]
+        return Candidates(
+            tokens=torch.cat([c.tokens for c in parts]),
+            logprob=torch.cat([c.logprob for c in parts]),
+            parent=torch.cat([c.parent for c in parts]),
+            valid=torch.cat([c.valid for c in parts]),
+        )
+
+
+def _row(f: Frontier, b: int) -> Frontier:
+    s = slice(b, b + 1)
+    return Frontier(depth=f.depth, slots=f.slots[s], source=f.source[s], tokens=f.tokens[s],
+                    path_score=f.path_score[s], active=f.active[s])
+
+
+@dataclass
+class NgramStep:
+    """What one draft step hands to verify and the metrics (EchoMetrics.on_step reads it)."""
+
+    sizes: torch.Tensor  # [bs] int32 K_i, roots included
+    gate_evaluated: torch.Tensor | None = None
+    gate_passed: torch.Tensor | None = None
+    draft_forwards: int = 0
+
+
+def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Tensor, width: int):
+    """ECHO trees over n-gram drafters, in NGRAM's layout: ``(tokens [bs*W] int64, mask [bs*W*W]
+    bool, step)`` (host numpy arrays, as NGRAM's corpus returns them)."""
+    drafter = BatchDrafter(drafters)
+    trees, state = build_trees(policy, drafter, roots)
+    dense = to_sglang_dense(trees, torch.zeros_like(roots), width)  # positions: NGRAM rebuilds them
+    step = NgramStep(dense.sizes, state.gate_evaluated, state.gate_passed, drafter.forwards)
+    tokens = dense.draft_token.to(torch.int64).numpy()
+    mask = dense.tree_mask.reshape(-1).numpy()
+    return tokens, mask, step
+
+
+# -- the worker ----------------------------------------------------------------------------------
+# What NGRAMWorker.__init__ assigns besides the corpus; EchoNgramWorker.__init__ assigns these
+# too and refuses to start if the installed sglang assigns anything else (see init_drift()).
+NGRAM_INIT_ATTRS = frozenset({
+    "server_args", "enable_overlap", "_target_worker", "model_runner", "page_size", "draft_token_num",
+    "max_trie_depth", "speculative_num_draft_tokens", "topk", "speculative_num_steps", "device",
+    "adaptive_controller", "_prev_decode_rids", "grammar_tree_host", "ngram_corpus",
+})
+
+
+def init_drift() -> set[str]:
+    """Attributes the installed ``NGRAMWorker.__init__`` assigns that ours does not (empty = ok)."""
+    from sglang.srt.speculative.ngram_worker import NGRAMWorker
+
+    src = inspect.getsource(NGRAMWorker.__init__)
+    return set(re.findall(r"self\.(\w+)(?:\s*:\s*[^=\n]+)?\s*=(?!=)", src)) - NGRAM_INIT_ATTRS
+
+
+def __getattr__(name: str):
+    if name == "EchoNgramWorker":
+        cls = globals()["EchoNgramWorker"] = _define_worker()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _define_worker():
+    from sglang.srt.runtime_context import get_device, get_schedule, get_spec
+    from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+    from sglang.srt.speculative.ngram_worker import NGRAMWorker
+
+    class EchoNgramWorker(NGRAMWorker):
+        """NGRAM's worker whose draft trees are ECHO policy trees over per-request n-gram drafters."""
+
+        def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+            drift = init_drift()
+            if drift:
+                from .compat import EchoCompatError
+
+                raise EchoCompatError(f"ECHO ngram worker: sglang's NGRAMWorker.__init__ now also sets {sorted(drift)}")
+            BaseSpecWorker.__init__(self)
+            # NGRAMWorker.__init__, minus the C++ corpus (external corpora are NGRAM-only).
+            spec = get_spec()
+            self.server_args = server_args
+            self.enable_overlap = not get_schedule().disable_overlap_schedule
+            self._target_worker = target_worker
+            self.model_runner = target_worker.model_runner
+            self.page_size = get_schedule().page_size
+            self.draft_token_num = spec.speculative_num_draft_tokens
+            self.max_trie_depth = spec.speculative_ngram_max_trie_depth
+            self.speculative_num_draft_tokens = spec.speculative_num_draft_tokens
+            self.topk = spec.speculative_eagle_topk
+            self.speculative_num_steps = spec.speculative_num_steps
+            self.device = get_device().device
+            self.adaptive_controller = None
+            self._prev_decode_rids = set()
+            self.grammar_tree_host = None
+
+            from .worker import check_consistent
+
+            cfg = load_config(num_steps=self.speculative_num_steps, topk=self.topk,
+                              num_draft_tokens=self.speculative_num_draft_tokens)
+            if cfg.drafter != "ngram":
+                raise ValueError(f"ECHO ngram worker built for drafter={cfg.drafter!r}")
+            check_consistent(cfg, self.speculative_num_steps, self.topk, self.speculative_num_draft_tokens)
+            calib = load_calibration_for(cfg, model_path=server_args.model_path)
+            self.echo_cfg: EchoConfig = cfg
+            self.echo_policy = make_echo_policy(cfg, calib)
+            self.echo_width = cfg.resolved_width()
+            self.ngram_corpus = RequestDrafters()
+            self.echo_metrics = EchoMetrics(cfg, enabled=bool(getattr(server_args, "enable_metrics", False)))
+            self._echo_step: NgramStep | None = None
+            log.info("ECHO ngram worker: policy %s (%s), padded verify W=%d, no draft model",
+                     self.echo_policy.name, cfg.describe(), self.echo_width)
+
+        # -- the one real override: where the trees come from -------------------------------------
+        def _prepare_draft_tokens(self, batch) -> tuple[np.ndarray, np.ndarray]:
+            bs, stride = len(batch.reqs), self.draft_token_num
+            # As NGRAM: under overlap scheduling output_ids lags one step behind; the accepted tokens
+            # of the previous step are on spec_info. (Sync mode: output_ids is complete.)
+            use_prev = self.enable_overlap and not batch.grammar_needs_sync()
+            if use_prev:
+                prev_ids, prev_lens = batch.spec_info.accept_tokens, batch.spec_info.accept_lens
+                self.prev_token_ids, self.prev_accept_lens = prev_ids.cpu().tolist(), prev_lens.cpu().tolist()
+            else:
+                self.prev_token_ids, self.prev_accept_lens = [], [0] * bs
+            drafters, roots = [], []
+            for i, req in enumerate(batch.reqs):
+                extra = self.prev_token_ids[i * stride: i * stride + self.prev_accept_lens[i]] if use_prev else ()
+                hist = History(req.origin_input_ids_unpadded, req.output_ids, extra)
+                drafters.append(self.ngram_corpus.sync(req.rid, hist))
+                roots.append(hist[-1])  # the last committed token: its KV is written by this verify
+            tokens, mask, step = build_ngram_drafts(
+                self.echo_policy, drafters, torch.tensor(roots, dtype=torch.int64), self.echo_width)
+            self._echo_step = step
+            return tokens, mask
+
+        def _update_ngram_corpus(self, batch) -> None:
+            pass  # the per-request drafters catch up from the request's tokens at the next step
+
+        # -- ECHO's reporting around NGRAM's unchanged step ------------------------------------------
+        def forward_batch_generation(self, batch, *args, **kwargs):
+            self._echo_step = None
+            result = super().forward_batch_generation(batch, *args, **kwargs)
+            st, self._echo_step = self._echo_step, None
+            if st is not None and batch.forward_mode is not None and not batch.forward_mode.is_idle():
+                result.cap_lens = st.sizes.to(self.device)
+                self._check_budget(st.sizes)
+                self.echo_metrics.on_step(st)
+            return result
+
+        def _check_budget(self, sizes: torch.Tensor) -> None:
+            if not getattr(self.echo_policy, "budgeted", False):
+                return
+            total, bs = int(sizes.sum()), sizes.numel()
+            if total > max(self.echo_cfg.k_max, bs):
+                self.echo_metrics.budget_exceeded()
+                log.error("ECHO: step verified %d tokens for %d requests, over the budget max(K_max=%d, bs)",
+                          total, bs, self.echo_cfg.k_max)
+
+        def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
+            super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
+            self.echo_metrics.on_accept(num_correct_drafts_per_req)
+
+        # -- NGRAM's external-corpus API: not for ECHO ---------------------------------------------------
+        def _no_external_corpus(self, *_a, **_k):
+            raise NotImplementedError("ECHO's n-gram drafter reads each request's own tokens; external corpora are NGRAM-only")
+
+        add_external_corpus = commit_corpus_load = remove_external_corpus = _no_external_corpus
+
+        def list_external_corpora(self) -> dict[str, int]:
+            return {}
+
+    EchoNgramWorker.__module__ = __name__
+    EchoNgramWorker.__qualname__ = "EchoNgramWorker"
+    return EchoNgramWorker

@@ -1,0 +1,119 @@
+"""``echo-train-drafter``: train a draft model for a target, from data the target writes itself.
+
+    echo-train-drafter --kind eagle3 --target DIR --out DIR [--data DIR] [--prompts 1280]
+        [--epochs 2] [--ttt-steps 5] [--draft-vocab 8192] [--batch-tokens 4096] [--lr 5e-4]
+
+Stages, each resumable (rerun the same command after an interruption):
+  1. self-distillation: the target answers the offline prompt pool (``training.datagen``);
+  2. feature capture: the target's hidden states for the drafter's layers (``training.features``);
+  3. training with the kind's objective (EAGLE-3: training-time test), checkpoints in ``out/checkpoint``;
+  4. the final head in ``out/`` in the layout sglang loads, with ``training_report.json``.
+
+Kinds register in ``KINDS``; DART and DFlash slot in with their own objective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from .datagen import generate
+from .features import capture_dir, load_sequences
+from .trainer import TrainConfig, train
+
+
+def _target_weights(target: Path) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    cfg = json.loads((target / "config.json").read_text())
+    w = {}
+    for f in sorted(target.glob("*.safetensors")):
+        w.update(load_file(str(f)))
+    embed = w["model.embed_tokens.weight"].float()
+    lm_head = w.get("lm_head.weight", embed).float()
+    return cfg, embed, lm_head, w["model.norm.weight"].float()
+
+
+def build_eagle3(target: Path, seqs, args):
+    """(model, loss_fn, save_fn) of an EAGLE-3 head for ``target``."""
+    from sglang_echo.drafters.eagle3_head import Eagle3Config, Eagle3Head
+
+    from .eagle3 import draft_vocab, init_head, ttt_loss
+
+    cfg, embed, lm_head, norm = _target_weights(target)
+    head_cfg = Eagle3Config.for_target(cfg, args.draft_vocab)
+    special = tuple(t for t in (cfg.get("bos_token_id"), cfg.get("eos_token_id")) if t is not None)
+    ids = draft_vocab(seqs, args.draft_vocab, cfg["vocab_size"], special)
+    torch.manual_seed(args.seed)
+    head = Eagle3Head(head_cfg, embed)
+    init_head(head, ids, lm_head, norm)
+    return head, partial(ttt_loss, steps=args.ttt_steps), lambda out: head.save(out, dtype=torch.float32)
+
+
+KINDS = {"eagle3": build_eagle3}
+
+
+def layers_for(kind: str, target: Path) -> tuple[int, ...]:
+    L = json.loads((target / "config.json").read_text())["num_hidden_layers"]
+    return {"eagle3": (2, L // 2, L - 3)}[kind]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="echo-train-drafter", description=__doc__.splitlines()[0])
+    ap.add_argument("--kind", choices=sorted(KINDS), default="eagle3")
+    ap.add_argument("--target", type=Path, default=None, help="target checkpoint dir (default: prepared SmolLM2, float32)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--data", type=Path, default=None, help="self-distillation dir (default: OUT/data)")
+    ap.add_argument("--prompts", type=int, default=1280, help="prompt-pool size for self-distillation")
+    ap.add_argument("--max-new", type=int, default=192)
+    ap.add_argument("--epochs", type=float, default=2.0)
+    ap.add_argument("--ttt-steps", type=int, default=5)
+    ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--batch-tokens", type=int, default=4096)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--eval-fraction", type=float, default=0.03)
+    ap.add_argument("--save-every", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    target = args.target
+    if target is None:
+        from sglang_echo.models.prepare import prepare
+
+        target = prepare(dtype="float32").path
+    data = args.data or args.out / "data"
+    t0 = time.time()
+    generate(target, data, args.prompts, args.max_new)
+
+    from transformers import AutoModelForCausalLM
+
+    layers = layers_for(args.kind, target)
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    capture_dir(model, data, layers)
+    del model
+
+    seqs = load_sequences(data, layers)
+    g = torch.Generator().manual_seed(args.seed)
+    perm = torch.randperm(len(seqs), generator=g).tolist()
+    n_eval = max(1, int(len(seqs) * args.eval_fraction))
+    eval_seqs, train_seqs = [seqs[i] for i in perm[:n_eval]], [seqs[i] for i in perm[n_eval:]]
+    model, loss_fn, save_fn = KINDS[args.kind](target, train_seqs, args)
+    cfg = TrainConfig(epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
+                      save_every=args.save_every, seed=args.seed)
+    report = train(model, loss_fn, save_fn, train_seqs, eval_seqs, cfg, args.out)
+    model.save(args.out, dtype=torch.bfloat16)
+    report.update(kind=args.kind, target=str(target), captured_layers=list(layers), ttt_steps=args.ttt_steps,
+                  draft_vocab=args.draft_vocab, train_config=asdict(cfg), prompts=args.prompts,
+                  wall_seconds=round(time.time() - t0))
+    (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

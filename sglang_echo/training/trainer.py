@@ -1,0 +1,130 @@
+"""The training loop shared by drafter kinds: AdamW, warm-up + cosine, resumable checkpoints.
+
+A kind supplies a model and ``loss_fn(model, batch) -> (loss, correct[steps], counted[steps])``;
+the loop owns batching, progress, evaluation and checkpoints. Checkpoints hold no pickles: the
+head in its serving layout (``model.safetensors`` + ``config.json``), the optimizer moments in
+``optimizer.safetensors`` and the counters in ``state.json``, so a resumed run continues from the
+same step with the same schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+from tqdm import tqdm
+
+from .batches import collate, make_batches
+from .features import Sequence
+
+LossFn = Callable[[torch.nn.Module, object], tuple[Tensor, Tensor, Tensor]]
+
+
+@dataclass
+class TrainConfig:
+    epochs: float = 2.0
+    lr: float = 5e-4
+    warmup_steps: int = 50
+    batch_tokens: int = 4096
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    save_every: int = 100
+    seed: int = 0
+
+
+def _lr_factor(step: int, total: int, warmup: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+
+def _save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
+    sd = opt.state_dict()
+    tensors = {f"{i}.{k}": torch.as_tensor(v).clone() for i, st in sd["state"].items() for k, v in st.items()}
+    save_file(tensors, str(path))
+
+
+def _load_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
+    sd = opt.state_dict()
+    state: dict[int, dict] = {}
+    for key, t in load_file(str(path)).items():
+        i, k = key.split(".", 1)
+        state.setdefault(int(i), {})[k] = t
+    opt.load_state_dict({"state": state, "param_groups": sd["param_groups"]})
+
+
+@torch.no_grad()
+def evaluate(model, loss_fn: LossFn, seqs: list[Sequence], batch_tokens: int) -> Tensor:
+    """Top-1 accuracy per unrolled step on held-out sequences (teacher-forced tokens)."""
+    correct = counted = 0
+    for idx in make_batches(seqs, batch_tokens, seed=0):
+        _, c, n = loss_fn(model, collate([seqs[i] for i in idx]))
+        correct, counted = correct + c, counted + n
+    return correct / counted.clamp(min=1)
+
+
+def train(model, loss_fn: LossFn, save_fn: Callable[[Path], None], train_seqs: list[Sequence],
+          eval_seqs: list[Sequence], cfg: TrainConfig, out: Path) -> dict:
+    """Train ``model`` (resuming from ``out/checkpoint`` if present); returns the final report."""
+    out = Path(out)
+    ckpt = out / "checkpoint"
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    per_epoch = len(make_batches(train_seqs, cfg.batch_tokens, cfg.seed))
+    total = max(1, int(cfg.epochs * per_epoch))
+    step = 0
+    if (ckpt / "state.json").exists():
+        state = json.loads((ckpt / "state.json").read_text())
+        if state["config"] != asdict(cfg):
+            raise ValueError(f"{ckpt}: saved with a different config {state['config']}; use a new --out")
+        from safetensors.torch import load_file as _lf
+
+        model.import_state(_lf(str(ckpt / "model.safetensors")))
+        _load_optimizer(opt, ckpt / "optimizer.safetensors")
+        step = state["step"]
+        print(f"[train] resuming at step {step}/{total}")
+
+    def save() -> None:
+        tmp = out / "checkpoint.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_fn(tmp)
+        _save_optimizer(opt, tmp / "optimizer.safetensors")
+        (tmp / "state.json").write_text(json.dumps({"step": step, "total": total, "config": asdict(cfg)}, indent=2))
+        shutil.rmtree(ckpt, ignore_errors=True)
+        tmp.rename(ckpt)
+
+    bar = tqdm(total=total, initial=step, desc="train", unit="step")
+    model.train()
+    while step < total:
+        epoch, offset = divmod(step, per_epoch)
+        batches = make_batches(train_seqs, cfg.batch_tokens, cfg.seed + epoch)
+        for idx in batches[offset:]:
+            if step >= total:
+                break
+            for g in opt.param_groups:
+                g["lr"] = cfg.lr * _lr_factor(step, total, cfg.warmup_steps)
+            loss, correct, counted = loss_fn(model, collate([train_seqs[i] for i in idx]))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            step += 1
+            acc = (correct / counted.clamp(min=1)).tolist()
+            bar.set_postfix(loss=f"{loss.item():.3f}", acc="/".join(f"{a:.2f}" for a in acc[:4]), epoch=epoch)
+            bar.update(1)
+            if step % cfg.save_every == 0:
+                save()
+    bar.close()
+    save()
+    model.eval()
+    acc = evaluate(model, loss_fn, eval_seqs, cfg.batch_tokens) if eval_seqs else torch.zeros(0)
+    return {"steps": step, "epochs": cfg.epochs, "train_sequences": len(train_seqs),
+            "train_tokens": sum(len(s.tokens) for s in train_seqs),
+            "eval_sequences": len(eval_seqs), "eval_top1_per_step": [round(a, 4) for a in acc.tolist()]}

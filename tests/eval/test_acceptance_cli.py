@@ -1,0 +1,72 @@
+"""`echo-bench acceptance` end to end on the tiny model (ngram and an early-exit EAGLE-3 head)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_echo.bench import acceptance
+from sglang_echo.bench.cli import SUBCOMMANDS
+
+SMALL = ["--prompts", "chat,humaneval", "--num-prompts", "2", "--max-new", "6", "--batch", "2",
+         "--max-depth", "4", "--topk", "3", "--total-tokens", "8", "--device", "cpu"]
+
+
+def test_registered():
+    assert SUBCOMMANDS["acceptance"] == "sglang_echo.bench.acceptance"
+
+
+def _run(tmp_path, *args):
+    out = tmp_path / "res"
+    acceptance.main([*args, *SMALL, "--out", str(out)])
+    data = json.loads((tmp_path / "res.json").read_text())
+    assert (tmp_path / "res.md").read_text().count("\n|") >= 2
+    return data
+
+
+def test_ngram(tmp_path, tiny_llama_dir):
+    pytest.importorskip("sglang_echo.drafters.ngram")
+    data = _run(tmp_path, "--target", str(tiny_llama_dir), "--drafter", "ngram", "--policies", "chain3,static-tree,echo")
+    rows = data["rows"]
+    assert [(r["prompts"], r["policy"]) for r in rows] == [
+        (s, p) for s in ("chat", "humaneval") for p in ("ar", "chain3", "static-tree", "echo")
+    ]
+    assert all(r["mismatches"] == 0 and r["generated"] > 0 for r in rows)
+    assert data["k_max"] == 16 and data["policies"]["static-tree"] == "static-tree-4x3x8"
+    assert all(r["mat"] == 1.0 for r in rows if r["policy"] == "ar")
+
+
+def test_eagle3(tmp_path, tiny_llama_dir):
+    pytest.importorskip("sglang_echo.drafters.eagle3")
+    from sglang_echo.models.tiny import write_tiny_eagle3_draft
+
+    V = json.loads((tiny_llama_dir / "config.json").read_text())["vocab_size"]
+    # sglang ids [0, 0, 1] = inputs of layers 1, 1 and 2 (2 = the last layer's output, pre-norm)
+    draft = write_tiny_eagle3_draft(tmp_path / "e3", tiny_llama_dir, init="early_exit",
+                                    aux_layer_ids=[0, 0, 1], draft_vocab_size=V).path
+    data = _run(tmp_path, "--target", str(tiny_llama_dir), "--drafter", "eagle3", "--draft", str(draft),
+                "--policies", "chain2,echo")
+    assert data["captured_layers"] == [1, 1, 2]
+    assert all(r["mismatches"] == 0 for r in data["rows"])
+
+
+def test_mismatch_exits_nonzero(tmp_path, tiny_llama_dir, monkeypatch, capsys):
+    pytest.importorskip("sglang_echo.drafters.ngram")
+    import sglang_echo.eval as ev
+
+    real = ev.speculative_generate
+
+    def corrupt(*a, **k):
+        res = real(*a, **k)
+        res.tokens[0] = [t + 1 for t in res.tokens[0]]
+        return res
+
+    monkeypatch.setattr(ev, "speculative_generate", corrupt)
+    with pytest.raises(SystemExit) as e:
+        acceptance.main(["--target", str(tiny_llama_dir), "--drafter", "ngram", "--policies", "chain2",
+                         *SMALL, "--out", str(tmp_path / "bad")])
+    assert e.value.code == 1
+    assert "MISMATCH" in capsys.readouterr().err
+    data = json.loads((tmp_path / "bad.json").read_text())
+    assert data["mismatch_details"]

@@ -1,0 +1,148 @@
+"""EAGLE-3 training: the TTT unroll is what the drafter computes, training learns, runs resume.
+
+The unroll check is the one that matters for acceptance: step ``j`` at pair ``t`` must equal the
+head recomputed without any cache over the committed pairs ``0..t`` followed by ``j`` draft steps
+(each fed the previous step's output and the true next token), i.e. sglang's draft at depth
+``j + 1`` when every earlier draft was right.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sglang_echo.drafters.eagle3_head import Eagle3Head
+from sglang_echo.training.batches import collate
+from sglang_echo.training.eagle3 import draft_vocab, init_head, ttt_loss, ttt_unroll
+from sglang_echo.training.features import Sequence
+from sglang_echo.training.trainer import TrainConfig, train
+from tests.drafters.test_eagle3 import DT, H, V, VD, make_head, reference_logps
+
+
+def _sequences(n: int, seed: int = 0, period: int = 0) -> list[Sequence]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        T = 12 + 3 * i
+        toks = torch.randint(0, V, (T,), generator=g)
+        if period:  # a learnable pattern: every text cycles through the same `period` tokens
+            toks = (torch.arange(T) + i) % period * 7 + 1
+        out.append(Sequence(toks, prompt_len=3, features=torch.randn(T, 3 * H, generator=g, dtype=DT)))
+    return out
+
+
+def test_ttt_unroll_equals_cache_free_drafting():
+    head = make_head(seed=1)
+    seqs = _sequences(3)
+    batch = collate(seqs)
+    steps = 4
+    outs = [head.logits(h) for h in ttt_unroll(head, batch, steps)]
+    for b, s in enumerate(seqs):
+        for t in (0, 4, len(s.tokens) - steps - 2):
+            committed_feats, committed_toks = s.features[: t + 1], s.tokens[1 : t + 2]
+            path = s.tokens[t + 2 : t + 1 + steps].tolist()  # true tokens fed to steps 1..steps-1
+            ref = reference_logps(head, committed_feats, committed_toks, path)
+            for j in range(steps):
+                got = torch.log_softmax(outs[j][b, t].double(), -1)
+                assert torch.allclose(got, ref[j], atol=1e-9), (b, t, j)
+
+
+def test_loss_masks_prompt_padding_and_out_of_vocab_labels():
+    head = make_head()
+    seqs = _sequences(2)
+    _, _, counted = ttt_loss(head, collate(seqs), steps=2)
+    in_vocab = head.t2d
+    for j in range(2):
+        expected = sum(int(in_vocab[s.tokens[max(s.prompt_len, j + 2):]].sum()) for s in seqs)
+        assert int(counted[j]) == expected
+
+
+def test_draft_vocab_takes_the_most_frequent_answer_tokens():
+    seqs = [Sequence(torch.tensor([1, 2, 5, 5, 5, 7, 7, 9]), prompt_len=2, features=torch.zeros(8, 3))]
+    ids = draft_vocab(seqs, size=3, vocab_size=V, special=(2,))
+    assert ids.tolist() == [2, 5, 7]  # special first, then by frequency; sorted by id
+    assert len(draft_vocab(seqs, size=6, vocab_size=V)) == 6  # padded when the data has fewer
+
+
+def _fresh_head() -> Eagle3Head:
+    head = make_head(seed=3, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    init_head(head, torch.arange(VD) * 2, torch.randn(V, H, generator=g), torch.ones(H))
+    return head
+
+
+def test_training_learns_a_pattern_and_resumes_exactly(tmp_path, monkeypatch):
+    torch.set_num_threads(1)
+    seqs = [Sequence(s.tokens % VD * 2, s.prompt_len, s.features.float()) for s in _sequences(8, period=5)]
+    cfg = TrainConfig(epochs=6, lr=3e-3, warmup_steps=2, batch_tokens=64, save_every=4, seed=0)
+
+    def loss_fn(model, batch):
+        return ttt_loss(model, batch, steps=2)
+
+    full = _fresh_head()
+    before = ttt_loss(full, collate(seqs), 2)[0].item()
+    report = train(full, loss_fn, lambda out: full.save(out, dtype=torch.float32), seqs, seqs[:2], cfg, tmp_path / "a")
+    after = ttt_loss(full, collate(seqs), 2)[0].item()
+    assert after < 0.5 * before
+    assert report["eval_top1_per_step"][0] > 0.5
+
+    # Interrupt a second run after its first checkpoint, then resume it: same final weights.
+    calls = {"n": 0}
+
+    def crashing(model, batch):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return loss_fn(model, batch)
+
+    part = _fresh_head()
+    with pytest.raises(KeyboardInterrupt):
+        train(part, crashing, lambda out: part.save(out, dtype=torch.float32), seqs, [], cfg, tmp_path / "b")
+    assert json.loads((tmp_path / "b" / "checkpoint" / "state.json").read_text())["step"] == 4
+    resumed = _fresh_head()
+    train(resumed, loss_fn, lambda out: resumed.save(out, dtype=torch.float32), seqs, [], cfg, tmp_path / "b")
+    for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_cli_trains_a_head_sglang_can_load(tmp_path, smollm2_dir):
+    """Self-distillation -> features -> training -> a head in sglang's layout, on a tiny target."""
+    from sglang_echo.models.tiny import write_tiny_llama
+    from sglang_echo.training.cli import main
+
+    torch.set_num_threads(1)
+    target = write_tiny_llama(tmp_path / "target", smollm2_dir, num_layers=8).path
+    out = tmp_path / "head"
+    main(["--target", str(target), "--out", str(out), "--prompts", "6", "--max-new", "12",
+          "--epochs", "1", "--draft-vocab", "512", "--batch-tokens", "256", "--ttt-steps", "2"])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
+    # sglang's ids name layer *outputs*; the trainer captured the inputs of layers 2, 4, 5.
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["captured_layers"] == [2, 4, 5] and report["steps"] >= 1
+    embed = torch.randn(cfg["vocab_size"], cfg["hidden_size"])
+    head = Eagle3Head.load(out, embed)
+    assert head.t2d.sum() == 512 and bool((head.to_target(torch.arange(512)) < cfg["vocab_size"]).all())
+
+
+def test_feature_capture_equals_the_full_forward(tmp_path, smollm2_dir):
+    from transformers import AutoModelForCausalLM
+
+    from sglang_echo.models.tiny import write_tiny_llama
+    from sglang_echo.training.features import capture
+
+    torch.set_num_threads(1)
+    target = write_tiny_llama(tmp_path / "target", smollm2_dir, num_layers=6).path
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    seqs = [torch.randint(0, 1000, (n,)) for n in (5, 9, 7)]
+    layers = (1, 3, 4)
+    feats = capture(model, seqs, layers, batch_tokens=18)  # forces several padded batches
+    assert len(model.model.layers) == 6  # the truncation is undone
+    for s, f in zip(seqs, feats):
+        with torch.no_grad():
+            hs = model(input_ids=s[None], output_hidden_states=True).hidden_states
+        ref = torch.cat([hs[i][0] for i in layers], -1)
+        assert torch.allclose(f.float(), ref, atol=2e-3, rtol=1e-2)
