@@ -65,7 +65,7 @@ CASES = {
     "eagle3-tree-shipped": ("eagle3", SpecOptions(4, 2, 8), "shipped"),
 }
 # Committed tokens per verify step the shipped head must reach in sglang (offline MAT: model card).
-MIN_TOKENS_PER_STEP_SHIPPED = 1.8
+MIN_TOKENS_PER_STEP_SHIPPED = 1.2  # offline 8-token chains reach ~1.4 (model card); untrained heads ~1.0-1.1
 
 
 # The random-head chain only exercises rejection, which the tree case also does; it costs another
