@@ -76,3 +76,12 @@ class EchoMetrics:
         self.totals["exceeded"] += 1
         if self._m is not None:
             self._m["exceeded"].inc()
+
+    def check_budget(self, policy, k_max: int, sizes) -> None:
+        """Count (and log) a step of a budgeted policy that verified over max(K_max, bs) (Eq. 4)."""
+        if not getattr(policy, "budgeted", False):
+            return
+        total, bs = int(sizes.sum()), sizes.numel()
+        if total > max(k_max, bs):
+            self.budget_exceeded()
+            log.error("ECHO: step verified %d tokens for %d requests, over the budget max(K_max=%d, bs)", total, bs, k_max)

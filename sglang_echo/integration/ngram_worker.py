@@ -289,18 +289,9 @@ def _define_worker():
             st, self._echo_step = self._echo_step, None
             if st is not None and batch.forward_mode is not None and not batch.forward_mode.is_idle():
                 result.cap_lens = st.sizes.to(self.device)
-                self._check_budget(st.sizes)
+                self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st.sizes)
                 self.echo_metrics.on_step(st)
             return result
-
-        def _check_budget(self, sizes: torch.Tensor) -> None:
-            if not getattr(self.echo_policy, "budgeted", False):
-                return
-            total, bs = int(sizes.sum()), sizes.numel()
-            if total > max(self.echo_cfg.k_max, bs):
-                self.echo_metrics.budget_exceeded()
-                log.error("ECHO: step verified %d tokens for %d requests, over the budget max(K_max=%d, bs)",
-                          total, bs, self.echo_cfg.k_max)
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
             super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)

@@ -8,11 +8,16 @@ Every core policy and the SmolLM2 case run by default (about 5 min on 2 cores);
 from __future__ import annotations
 
 import os
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import requests
 
 from sglang_echo.models.cache import cache_root
+from sglang_echo.serve.client import Generation, generate
 from sglang_echo.serve.flags import SpecOptions
 from sglang_echo.serve.server import SGLangServer
 
@@ -21,6 +26,31 @@ from ..conftest import launch_test_server
 CACHE = Path(os.environ.get("SGLANG_ECHO_TEST_CACHE", cache_root() / "integration"))
 # ECHO's speculative shape for the server tests: depth 4, W_max 2, padded width 7.
 SPEC = SpecOptions(num_steps=4, eagle_topk=2, num_draft_tokens=7)
+MAX_NEW_TOKENS = 32
+WORKERS = 8
+STAGGER_S = 0.15  # request i is sent at i*STAGGER_S (capped by the pool): joins mid-decode
+
+
+def run_staggered(url: str, inputs, **kw) -> list[Generation]:
+    """Greedy (unless ``kw`` says otherwise) generations, the first wave joining one by one."""
+
+    def one(i, ids):
+        time.sleep(min(i, WORKERS) * STAGGER_S)
+        return generate(url, input_ids=ids, max_new_tokens=MAX_NEW_TOKENS, **kw)
+
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        futs = [pool.submit(one, i, ids) for i, ids in enumerate(inputs)]
+        return [f.result() for f in futs]
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The server's ``echo_*`` Prometheus series (``name[depth]`` for per-depth ones)."""
+    out = {}
+    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
+        m = re.match(r'^(echo_\w+)(\{depth="(\d+)"\})?\s+([0-9.eE+-]+)$', line)
+        if m:
+            out[m.group(1) + (f"[{m.group(3)}]" if m.group(3) else "")] = float(m.group(4))
+    return out
 
 
 def pytest_configure(config):

@@ -10,24 +10,18 @@ identical worker. The other policies (``echo_matrix``, one server each) run too 
 from __future__ import annotations
 
 import json
-import re
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import requests
 
-from sglang_echo.serve.client import Generation, generate
+from sglang_echo.serve.client import Generation
 
-from .conftest import SPEC, start
+from .conftest import MAX_NEW_TOKENS, SPEC, WORKERS, run_staggered, scrape, start
 from .test_config import write_calibration
 
 pytestmark = pytest.mark.server
 
-MAX_NEW_TOKENS = 32
-WORKERS = 8
-STAGGER_S = 0.15  # request i is sent at i*STAGGER_S (capped by the pool): joins mid-decode
 PROMPT_TOKENS = 96
 K_MAX = 12  # < 8 requests x 7 slots: the budget binds whenever >= 2 requests are running
 
@@ -44,27 +38,6 @@ def prompt_ids(tiny_pair) -> list[list[int]]:
         ids = tok(p.as_text(tok), add_special_tokens=False).input_ids
         out.append(ids[-PROMPT_TOKENS:])
     assert len(out) >= 30
-    return out
-
-
-def run_staggered(url: str, inputs, **kw) -> list[Generation]:
-    def one(i, ids):
-        time.sleep(min(i, WORKERS) * STAGGER_S)  # the first wave joins one by one
-        return generate(url, input_ids=ids, max_new_tokens=MAX_NEW_TOKENS, **kw)
-
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        futs = [pool.submit(one, i, ids) for i, ids in enumerate(inputs)]
-        return [f.result() for f in futs]
-
-
-def scrape(url: str) -> dict[str, float]:
-    text = requests.get(url + "/metrics", timeout=30).text
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r'^(echo_\w+)(\{depth="(\d+)"\})?\s+([0-9.eE+-]+)$', line)
-        if m:
-            key = m.group(1) + (f"[{m.group(3)}]" if m.group(3) else "")
-            out[key] = float(m.group(4))
     return out
 
 

@@ -23,7 +23,6 @@ import random
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -38,8 +37,9 @@ from sglang_echo.integration.ngram_worker import (
     RequestDrafters,
     build_ngram_drafts,
 )
-from sglang_echo.serve.client import Generation, generate
+from sglang_echo.serve.client import Generation
 
+from .conftest import WORKERS, run_staggered, scrape
 from .test_config import write_calibration
 
 HERE = Path(__file__).resolve().parent
@@ -220,9 +220,6 @@ def test_server_args_for_the_ngram_drafter(tmp_path: Path):
 
 
 # -- servers ------------------------------------------------------------------------------------
-MAX_NEW_TOKENS = 32
-WORKERS = 8
-STAGGER_S = 0.15  # request i is sent at i*STAGGER_S (capped by the pool): joins mid-decode
 PROMPT_TOKENS = 160
 K_MAX = 12  # < 8 requests x 7 slots: the budget binds whenever >= 2 requests are running
 FEW = 8  # prompts for the baselines (2 per prompt set)
@@ -254,31 +251,11 @@ def _start(model: Path, *, spec: str = "none", env: dict | None = None, tag: str
     )
 
 
-def _run_staggered(url: str, inputs) -> list[Generation]:
-    def one(i, ids):
-        time.sleep(min(i, WORKERS) * STAGGER_S)  # the first wave joins one by one
-        return generate(url, input_ids=ids, max_new_tokens=MAX_NEW_TOKENS)
-
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        return [f.result() for f in [pool.submit(one, i, ids) for i, ids in enumerate(inputs)]]
-
-
-def _scrape(url: str) -> dict[str, float]:
-    import re
-
-    out = {}
-    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
-        m = re.match(r'^(echo_\w+)(\{depth="(\d+)"\})?\s+([0-9.eE+-]+)$', line)
-        if m:
-            out[m.group(1) + (f"[{m.group(3)}]" if m.group(3) else "")] = float(m.group(4))
-    return out
-
-
 @pytest.fixture(scope="module")
 def reference(smollm2_dir, prompt_ids) -> list[Generation]:
     srv = _start(smollm2_dir, tag="nospec")
     try:
-        return _run_staggered(srv.base_url, prompt_ids)
+        return run_staggered(srv.base_url, prompt_ids)
     finally:
         srv.stop()
 
@@ -301,8 +278,8 @@ def run_policy(policy: str, smollm2_dir: Path, prompt_ids, reference, tmp_path_f
     t0 = time.time()
     srv = _start(smollm2_dir, spec="echo", env=env, tag=policy)
     try:
-        got = _run_staggered(srv.base_url, inputs)
-        metrics = _scrape(srv.base_url)
+        got = run_staggered(srv.base_url, inputs)
+        metrics = scrape(srv.base_url)
         info = requests.get(srv.base_url + "/server_info", timeout=30).json()
         alive = srv.alive()
     finally:
