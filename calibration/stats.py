@@ -8,6 +8,8 @@ the confidence cut that separates them best (Youden's J by default).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 from scipy.stats import rankdata
 
@@ -93,9 +95,49 @@ def summarise_depth(depth: int, confidence: np.ndarray, accepted: np.ndarray, cr
     )
 
 
-def sweet_spots(rows: list[DepthStats], target_depth: int, auc_min: float = DEFAULT_AUC_MIN) -> tuple[int, ...]:
-    """D_sig: the root gate (d = 1), the target depth, and every depth whose AUC exceeds xi."""
+# An AUC from a handful of accepted (or rejected) samples is noise: deep depths that a weak drafter
+# almost never gets accepted at show AUCs near 1 from a few lucky samples. Thirty per class is the
+# usual floor for a normal-approximation interval (the bootstrap CI in the report shows the rest).
+MIN_CLASS_SAMPLES = 30
+
+
+def sweet_spots(rows: list[DepthStats], target_depth: int, auc_min: float = DEFAULT_AUC_MIN,
+                min_class: int = MIN_CLASS_SAMPLES) -> tuple[int, ...]:
+    """D_sig: the root gate (d = 1), the target depth, and every depth whose AUC exceeds xi on at
+    least ``min_class`` accepted and ``min_class`` rejected samples."""
     probed = {r.depth for r in rows}
     chosen = {d for d in (1, target_depth) if d in probed}
-    chosen |= {r.depth for r in rows if r.auc > auc_min}
+    chosen |= {r.depth for r in rows if r.auc > auc_min and min(r.num_accepted, r.num_rejected) >= min_class}
     return tuple(sorted(chosen))
+
+
+# A verify pass "costs about the same" as the cheapest one while within this slack: ECHO's K_max
+# is the budget where the verify-cost curve leaves its flat (memory-bound) part (Sec. 3.1).
+KNEE_SLACK = 0.25
+
+
+def verify_cost_knee(
+    tokens: np.ndarray, seconds: np.ndarray, slack: float = KNEE_SLACK, warmup: int = 8, min_steps: int = 3
+) -> tuple[Optional[int], list[tuple[int, float, int]]]:
+    """Suggested K_max from measured verify passes (in time order), and the curve it read.
+
+    The first ``warmup`` passes are dropped (first calls allocate and pick kernels; they are also
+    the small batches of the ramp-up, which would otherwise look slow), and counts seen fewer than
+    ``min_steps`` times are left out. The curve is the median time per verified-token count,
+    ``[(tokens, median_s, n)]``; the knee is the largest count whose median stays within
+    ``(1 + slack)`` of the smallest count's, scanning upwards. None with fewer than two counts.
+    """
+    tokens, seconds = tokens[warmup:], seconds[warmup:]
+    curve = []
+    for n in np.unique(tokens):
+        t = seconds[tokens == n]
+        if len(t) >= min_steps:
+            curve.append((int(n), float(np.median(t)), int(len(t))))
+    if len(curve) < 2:
+        return None, curve
+    base, knee = curve[0][1], curve[0][0]
+    for n, t, _ in curve[1:]:
+        if t > (1 + slack) * base:
+            break
+        knee = n
+    return knee, curve

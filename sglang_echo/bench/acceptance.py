@@ -199,9 +199,11 @@ def main(argv: list[str] | None = None) -> None:
                        topk=args.topk, total_tokens=args.total_tokens)
     calibration = None
     if args.calibration is not None:
-        from ..core.calibration_file import load_calibration
+        from ..core.calibration_file import fingerprint, load_calibration
+        from ..integration.config import drafter_fingerprint
 
-        calibration = load_calibration(args.calibration)
+        calibration = load_calibration(args.calibration, model_fingerprint=fingerprint(args.target), drafter_kind=args.drafter,
+                                       drafter_fingerprint=drafter_fingerprint(args.drafter, args.draft))
     policy_names = [p.strip() for p in args.policies.split(",") if p.strip()]
     set_names = [s.strip() for s in args.prompts.split(",") if s.strip()]
     policies = {n: build_policy(n, cfg, calibration) for n in policy_names}  # fail fast on bad names

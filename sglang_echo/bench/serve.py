@@ -5,6 +5,7 @@ concurrency levels, in one run, so the printed ratios compare like with like. Gr
 every speculative configuration are checked token for token against no speculation.
 
     echo-bench serve --configs none,ngram,eagle3,echo --concurrency 1,8,32 --max-new 64
+    echo-bench serve --configs none,echo,echo-dense,echo-fixed --calibration C.json   # Sec. 5.3 ablation
 
 Writes ``<out>/serve.json`` (machine, settings, per-run figures) and ``<out>/serve.md``.
 """
@@ -32,7 +33,23 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
     "ngram": ("ngram", SpecOptions(num_draft_tokens=8), {}),
     "eagle3": ("eagle3", SpecOptions(num_steps=3, eagle_topk=3, num_draft_tokens=5), {}),
     "echo": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo"}),
+    # ECHO Sec. 5.3's gating ablation: a gate at every depth / one threshold at the sweet spots.
+    "echo-dense": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "dense-gating"}),
+    "echo-fixed": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "fixed-threshold"}),
+    # ECHO gating with the paper's LLaMA-3.1-8B thresholds whatever --calibration says.
+    "echo-paper": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo"}),
 }
+UNCALIBRATED = {"echo-paper"}
+
+
+def echo_env(name: str, args: argparse.Namespace) -> dict[str, str]:
+    """The ECHO configs' drafter and calibration (``--echo-drafter``, ``--calibration``)."""
+    env = dict(CONFIGS[name][2])
+    if CONFIGS[name][0] == "echo":
+        env["SGLANG_ECHO_DRAFTER"] = args.echo_drafter
+        if args.calibration and name not in UNCALIBRATED:
+            env["SGLANG_ECHO_CALIBRATION"] = str(Path(args.calibration).resolve())
+    return env
 
 
 @dataclass
@@ -83,20 +100,22 @@ def run(args: argparse.Namespace) -> Report:
 
     model = prepare(dtype=args.dtype).path
     draft = Path(args.draft) if args.draft else default_eagle3_head(model)
+    with_draft = {"eagle3"} | ({"echo"} if args.echo_drafter == "eagle3" else set())
     tokenizer = AutoTokenizer.from_pretrained(model)
     levels = [int(c) for c in args.concurrency.split(",")]
     pool = [p.as_text(tokenizer) for p in load_mixed(args.per_set)]
     report = Report(
         machine={"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         settings={"model": str(model), "draft": str(draft), "dtype": args.dtype, "max_new": args.max_new,
-                  "concurrency": levels, "prompts": len(pool), "per_set": args.per_set},
+                  "concurrency": levels, "prompts": len(pool), "per_set": args.per_set,
+                  "echo_drafter": args.echo_drafter, "calibration": args.calibration},
     )
     reference: dict[int, list[list[int]]] = {}
     for name in args.configs.split(","):
-        spec, knobs, env = CONFIGS[name]
-        opts = ServerOptions(model_path=model, port=args.port, spec=spec, draft_path=draft if spec in ("eagle3", "echo") else None,
+        spec, knobs, _ = CONFIGS[name]
+        opts = ServerOptions(model_path=model, port=args.port, spec=spec, draft_path=draft if spec in with_draft else None,
                              spec_options=knobs, dtype=args.dtype, max_running_requests=max(levels),
-                             extra_env=tuple(env.items()))
+                             extra_env=tuple(echo_env(name, args).items()))
         with SGLangServer(opts) as srv:
             _one_level(srv.base_url, pool[:2], 2, 8)  # warm-up: first-request costs are not throughput
             for c in levels:
@@ -110,7 +129,7 @@ def run(args: argparse.Namespace) -> Report:
                 r = Run(name, c, len(prompts), seconds, sum(len(i) for i in ids), steps, lossless, srv.startup_seconds)
                 report.runs.append(r)
                 mat = f"{r.mat:.2f}" if r.mat else "-"
-                print(f"{name:>7} c={c:<3} {r.tokens_per_s:7.2f} tok/s  MAT {mat:>5}  lossless {lossless}", flush=True)
+                print(f"{name:>10} c={c:<3} {r.tokens_per_s:7.2f} tok/s  MAT {mat:>5}  lossless {lossless}", flush=True)
     return report
 
 
@@ -140,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--dtype", default="float32", help="float32 keeps the token-for-token check exact")
     ap.add_argument("--draft", default=None, help="EAGLE-3 head (default: the shipped head)")
+    ap.add_argument("--echo-drafter", choices=("eagle3", "ngram"), default="eagle3", help="the drafter of the echo* configs")
+    ap.add_argument("--calibration", default=None, help="echo-calibrate output for the echo* configs (default: paper gates)")
     ap.add_argument("--port", type=int, default=30400)
     ap.add_argument("--out", default="benchmarks/results/cpu")
     args = ap.parse_args(argv)

@@ -5,6 +5,9 @@
 * :class:`StaticTree`: EAGLE-2/3's static tree: expand the ``topk`` best nodes per depth with
   ``topk`` children each, pool every candidate, then keep the ``total_tokens - 1`` best by path
   score (the global re-rank). EAGLE-3's defaults are 8/10/60, the paper's streamlined 3/3/5.
+* :class:`BeamTree`: expand the ``width`` best nodes per depth and keep exactly those beams, so
+  every depth up to ``depth`` carries ``width`` nodes (no global re-rank). It is the calibration
+  probe tree (``echo-calibrate``): every depth is drafted and verified, so each gets labels.
 * :class:`BudgetedChain`: every request drafts a chain, then the batch keeps the top
   ``K_max - B`` nodes by survival probability ``exp(S)`` (as SGLang's DSPARK allocates chains).
 """
@@ -74,6 +77,18 @@ class StaticTree(_BeamPolicy):
         kept, _ = take_top(slots, order, n_valid.clamp(max=self.total_tokens - 1), self.total_tokens - 1)
         pool.mark(kept, kept >= 0)
         return pool.compact()
+
+
+class BeamTree(_BeamPolicy):
+    keep_all = False
+
+    def __init__(self, depth: int = 8, width: int = 4):
+        self.name = f"beam-tree-{depth}x{width}"
+        self.max_depth, self.beam, self.children_per_node = depth, width, width
+
+    def advance(self, state: BuildState, cands: Candidates) -> None:
+        super().advance(state, cands)
+        state.pool.mark(state.frontier_slots, state.frontier_slots >= 0)  # the beam is the tree
 
 
 class BudgetedChain(_BeamPolicy):

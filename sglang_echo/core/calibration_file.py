@@ -106,6 +106,7 @@ def load_calibration(
     *,
     model_fingerprint: Optional[str] = None,
     drafter_fingerprint: Optional[str] = None,
+    drafter_kind: Optional[str] = None,
 ) -> Calibration:
     """Read and validate a calibration file; refuse one made for another model or drafter."""
     p = Path(path)
@@ -146,6 +147,10 @@ def load_calibration(
     _require(all(d >= 1 for d in known), p, "depths start at 1 (the root's children)")
     _require(set(calib.sweet_spots) <= known, p, f"sweet spots {calib.sweet_spots} lack rows in 'depths'")
     _require(all(0.0 <= r.threshold <= 1.0 for r in depths), p, "thresholds are probabilities in [0, 1]")
+    got_kind = calib.drafter.get("kind")
+    _require(drafter_kind is None or drafter_kind == got_kind, p,
+             f"made for the {got_kind!r} drafter, the server drafts with {drafter_kind!r}; "
+             f"re-run echo-calibrate --drafter {drafter_kind}")
     for what, expected, got in (
         ("model", model_fingerprint, calib.model.get("fingerprint")),
         ("drafter", drafter_fingerprint, calib.drafter.get("fingerprint")),

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .baselines import Autoregressive, BudgetedChain, Chain, StaticTree
+from .baselines import Autoregressive, BeamTree, BudgetedChain, Chain, StaticTree
 from .calibration_file import Calibration
 from .gating import GatingConfig
 from .policy import TreePolicy
 from .scheduler import ElasticConfig, ElasticPolicy
 
-POLICIES = ("ar", "chain", "static-tree", "echo", "dense-gating", "fixed-threshold", "budgeted-chain")
+POLICIES = ("ar", "chain", "static-tree", "echo", "dense-gating", "fixed-threshold", "budgeted-chain", "beam-tree")
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class PolicyConfig:
     max_depth: int = 8
     w_def: int = 1
     w_max: int = 4
-    topk: int = 10  # static tree
+    topk: int = 10  # static tree; beam tree: its width
     total_tokens: int = 60  # static tree, root included
     fixed_tau: float = 0.3  # fixed-threshold ablation
 
@@ -47,6 +47,8 @@ def make_policy(
         return ElasticPolicy(elastic, GatingConfig.dense(calibration, config.max_depth), "dense-gating")
     if name == "fixed-threshold":
         return ElasticPolicy(elastic, GatingConfig.fixed(config.fixed_tau, gating.depths), "fixed-threshold")
+    if name == "beam-tree":
+        return BeamTree(config.max_depth, config.topk)
     if name == "budgeted-chain":
         return BudgetedChain(config.k_max, config.max_depth)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")

@@ -55,6 +55,10 @@ class NGramDrafter(Drafter):
         self.max_ngram, self.min_ngram, self.alpha, self.beta = max_ngram, min_ngram, alpha, beta
         self.start([])
 
+    def describe(self) -> str:
+        """The parameters, as a calibration file records this drafter's identity."""
+        return f"n={self.min_ngram}..{self.max_ngram},alpha={self.alpha:g},beta={self.beta:g}"
+
     # -- the lifecycle -----------------------------------------------------------------------
     def start(self, prompts: Sequence[Tensor]) -> None:
         self._hist: list[list[int]] = []

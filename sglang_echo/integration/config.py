@@ -64,6 +64,8 @@ class EchoConfig:
             return 1
         if self.policy == "static-tree":
             return self.width or self.max_depth + 1
+        if self.policy == "beam-tree":
+            return 1 + self.max_depth * self.w_max
         return 1 + self.max_depth  # chain, budgeted-chain
 
     @property
@@ -71,7 +73,7 @@ class EchoConfig:
         """Frontier slots per request the drafter must expand at one depth."""
         if self.policy in ELASTIC:
             return self.w_def
-        if self.policy == "static-tree":
+        if self.policy in ("static-tree", "beam-tree"):
             return self.w_max
         return 1
 
@@ -80,6 +82,8 @@ class EchoConfig:
             return self.width
         if self.policy == "static-tree":
             return max(self.max_depth + 1, min(self.k_max, 1 + self.max_depth * self.w_max))
+        if self.policy == "beam-tree":  # unbudgeted: every depth's beam is verified (calibration)
+            return 1 + self.max_depth * self.w_max
         return max(self.max_depth + 1, min(self.k_max, 1 + self.max_depth * self.w_def + self.w_max))
 
     def validate(self) -> "EchoConfig":
@@ -228,10 +232,22 @@ def configured_drafter(environ: Optional[Mapping[str, str]] = None) -> str:
     return raw if raw else drafter
 
 
+def drafter_fingerprint(drafter: str, draft_path: Optional[str | Path] = None) -> Optional[str]:
+    """What a calibration file records as the drafter's identity: the head directory's
+    fingerprint for a trained drafter, the parameter set for the parameter-free n-gram one."""
+    from sglang_echo.core.calibration_file import fingerprint
+
+    if drafter == "ngram":
+        from sglang_echo.drafters.ngram import NGramDrafter
+
+        return "ngram:" + NGramDrafter().describe()
+    return fingerprint(draft_path) if draft_path and Path(draft_path).is_dir() else None
+
+
 def load_calibration_for(cfg: EchoConfig, *, model_path: Optional[str] = None, draft_path: Optional[str] = None):
-    """The calibration named by ``cfg.calibration`` (fingerprint-checked against the model and
-    draft directories when they exist), or None (then the documented default gates are used,
-    and this is logged).
+    """The calibration named by ``cfg.calibration`` (checked against the drafter kind and the
+    model and draft fingerprints), or None (then the documented default gates are used, and
+    this is logged).
 
     Raises :class:`~sglang_echo.core.calibration_file.CalibrationError` for a missing, malformed
     or mismatched file.
@@ -244,11 +260,12 @@ def load_calibration_for(cfg: EchoConfig, *, model_path: Optional[str] = None, d
             d = GatingConfig.default()
             log.warning("ECHO: no calibration file (SGLANG_ECHO_CALIBRATION), gating with %s: %s", d.source, d.describe())
         return None
-
-    def fp(p: Optional[str]) -> Optional[str]:
-        return fingerprint(p) if p and Path(p).is_dir() else None
-
-    return load_calibration(cfg.calibration, model_fingerprint=fp(model_path), drafter_fingerprint=fp(draft_path))
+    model_fp = fingerprint(model_path) if model_path and Path(model_path).is_dir() else None
+    calib = load_calibration(cfg.calibration, model_fingerprint=model_fp, drafter_kind=cfg.drafter,
+                             drafter_fingerprint=drafter_fingerprint(cfg.drafter, draft_path))
+    log.warning("ECHO: calibration %s: sweet spots %s, thresholds %s", cfg.calibration, list(calib.sweet_spots),
+                [round(calib.threshold(d), 3) for d in calib.sweet_spots])
+    return calib
 
 
 def make_echo_policy(cfg: EchoConfig, calibration=None):

@@ -36,14 +36,16 @@ from __future__ import annotations
 import inspect
 import logging
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from sglang_echo.calibration.probe import ProbeRecorder
 from sglang_echo.core.policy import Frontier, build_trees
-from sglang_echo.core.tree import Candidates
+from sglang_echo.core.tree import Candidates, NodePool
 from sglang_echo.drafters.ngram import NGramDrafter
 
 from .config import EchoConfig, load_calibration_for, load_config, make_echo_policy
@@ -169,6 +171,7 @@ class NgramStep:
     gate_evaluated: torch.Tensor | None = None
     gate_passed: torch.Tensor | None = None
     draft_forwards: int = 0
+    pool: NodePool | None = None  # every drafted candidate (the calibration probe reads it)
 
 
 def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Tensor, width: int):
@@ -177,7 +180,7 @@ def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Te
     drafter = BatchDrafter(drafters)
     trees, state = build_trees(policy, drafter, roots)
     dense = to_sglang_dense(trees, torch.zeros_like(roots), width)  # positions: NGRAM rebuilds them
-    step = NgramStep(dense.sizes, state.gate_evaluated, state.gate_passed, drafter.forwards)
+    step = NgramStep(dense.sizes, state.gate_evaluated, state.gate_passed, drafter.forwards, state.pool)
     tokens = dense.draft_token.to(torch.int64).numpy()
     mask = dense.tree_mask.reshape(-1).numpy()
     return tokens, mask, step
@@ -254,11 +257,14 @@ def _define_worker():
             self.ngram_corpus = RequestDrafters()
             self.echo_metrics = EchoMetrics(cfg, enabled=bool(getattr(server_args, "enable_metrics", False)))
             self._echo_step: NgramStep | None = None
+            self.echo_probe = ProbeRecorder.from_env(self.device)
+            self._echo_draft_s = 0.0
             log.info("ECHO ngram worker: policy %s (%s), padded verify W=%d, no draft model",
                      self.echo_policy.name, cfg.describe(), self.echo_width)
 
         # -- the one real override: where the trees come from -------------------------------------
         def _prepare_draft_tokens(self, batch) -> tuple[np.ndarray, np.ndarray]:
+            t0 = time.perf_counter()
             bs, stride = len(batch.reqs), self.draft_token_num
             # As NGRAM: under overlap scheduling output_ids lags one step behind; the accepted tokens
             # of the previous step are on spec_info. (Sync mode: output_ids is complete.)
@@ -277,6 +283,9 @@ def _define_worker():
             tokens, mask, step = build_ngram_drafts(
                 self.echo_policy, drafters, torch.tensor(roots, dtype=torch.int64), self.echo_width)
             self._echo_step = step
+            if self.echo_probe is not None:
+                self.echo_probe.on_draft(step.pool, self.echo_policy.max_depth)
+                self._echo_draft_s = time.perf_counter() - t0
             return tokens, mask
 
         def _update_ngram_corpus(self, batch) -> None:
@@ -285,9 +294,13 @@ def _define_worker():
         # -- ECHO's reporting around NGRAM's unchanged step ------------------------------------------
         def forward_batch_generation(self, batch, *args, **kwargs):
             self._echo_step = None
+            t0 = time.perf_counter()
             result = super().forward_batch_generation(batch, *args, **kwargs)
             st, self._echo_step = self._echo_step, None
             if st is not None and batch.forward_mode is not None and not batch.forward_mode.is_idle():
+                if self.echo_probe is not None:  # the verify pass is the step minus its drafting
+                    self.echo_probe.on_verify(int(st.sizes.numel()) * self.echo_width,
+                                              time.perf_counter() - t0 - self._echo_draft_s)
                 result.cap_lens = st.sizes.to(self.device)
                 self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st.sizes)
                 self.echo_metrics.on_step(st)
@@ -296,6 +309,8 @@ def _define_worker():
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
             super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
             self.echo_metrics.on_accept(num_correct_drafts_per_req)
+            if self.echo_probe is not None:
+                self.echo_probe.on_accept(num_correct_drafts_per_req)
 
         # -- NGRAM's external-corpus API: not for ECHO ---------------------------------------------------
         def _no_external_corpus(self, *_a, **_k):

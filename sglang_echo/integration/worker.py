@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import Optional
 
 import torch
@@ -22,6 +23,7 @@ from sglang.srt.speculative.eagle_utils import TreeMaskMode, per_step_draft_out_
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_eagle_verify
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
+from sglang_echo.calibration.probe import ProbeRecorder
 from sglang_echo.core.policy import build_trees
 
 from .config import EchoConfig, load_calibration_for, load_config, make_echo_policy
@@ -58,6 +60,7 @@ class EchoDraftWorker(EagleDraftWorker):
     echo_policy = None
     echo_width: int = 0
     echo_step: EchoStepState
+    echo_probe: Optional[ProbeRecorder] = None
 
     def draft(self, batch, *, with_topology: bool = False):
         if with_topology:
@@ -86,6 +89,8 @@ class EchoDraftWorker(EagleDraftWorker):
         st.sizes = trees.sizes.to(torch.int32)
         st.gate_evaluated, st.gate_passed = state.gate_evaluated, state.gate_passed
         st.draft_forwards = drafter.forwards
+        if self.echo_probe is not None:
+            self.echo_probe.on_draft(state.pool, policy.max_depth)
 
         verify_mask = self.target_worker.model_runner.attn_backend.verify_mask
         mode = self.tree_mask_mode if verify_mask is None else verify_mask.mode
@@ -137,10 +142,12 @@ class EchoWorker(EAGLEWorkerV2):
         self.echo_cfg = cfg
         self.echo_policy = make_echo_policy(cfg, calib)
         self.echo_width = cfg.resolved_width()
+        self.echo_probe = ProbeRecorder.from_env(self.device)
         dw = self._draft_worker
         if dw is not None:
             dw.__class__ = EchoDraftWorker
             dw.echo_cfg, dw.echo_policy, dw.echo_width = cfg, self.echo_policy, self.echo_width
+            dw.echo_probe = self.echo_probe
             dw.echo_step = EchoStepState()
             # The captured draft graph returns EAGLE's organized tree; ECHO drafts eagerly.
             dw.cuda_graph_runner = None
@@ -148,7 +155,20 @@ class EchoWorker(EAGLEWorkerV2):
         log.info("ECHO worker: policy %s (%s), %s", self.echo_policy.name, cfg.describe(), "padded-dense verify")
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
-        result = run_eagle_verify(
+        timing = nullcontext()
+        if self.echo_probe is not None and not batch.forward_mode.is_idle():
+            timing = self.echo_probe.timed_verify(batch.seq_lens.shape[0] * self.echo_width)
+        with timing:
+            result = self._verify(batch, pp_proxy_tensors, grammar_barrier)
+        st = getattr(self._draft_worker, "echo_step", None)
+        if st is not None and st.sizes is not None and not batch.forward_mode.is_idle():
+            result.cap_lens = st.sizes
+            self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st.sizes)
+            self.echo_metrics.on_step(st)
+        return result
+
+    def _verify(self, batch, pp_proxy_tensors, grammar_barrier):
+        return run_eagle_verify(
             batch,
             pp_proxy_tensors=pp_proxy_tensors,
             target_worker=self.target_worker,
@@ -163,16 +183,12 @@ class EchoWorker(EAGLEWorkerV2):
             finalize_tree_path=True,
             grammar_barrier=grammar_barrier,
         )
-        st = getattr(self._draft_worker, "echo_step", None)
-        if st is not None and st.sizes is not None and not batch.forward_mode.is_idle():
-            result.cap_lens = st.sizes
-            self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st.sizes)
-            self.echo_metrics.on_step(st)
-        return result
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
         self.echo_metrics.on_accept(num_correct_drafts_per_req)
+        if self.echo_probe is not None:
+            self.echo_probe.on_accept(num_correct_drafts_per_req)
 
 
 def check_consistent(cfg: EchoConfig, steps: int, topk: int, num_draft_tokens: int) -> None:

@@ -29,15 +29,22 @@ class DraftMismatch(ValueError):
     """The shipped head was trained for a different target."""
 
 
-def default_eagle3_head(target_dir: Path, head_dir: Path = SMOLLM2_EAGLE3) -> Path:
-    """The shipped head staged for ``target_dir`` (checked against its geometry; cached)."""
-    target_dir, head_dir = Path(target_dir), Path(head_dir)
+def check_head_for(target_dir: Path, head_dir: Path) -> None:
+    """A head must draft in the target's vocabulary and read its hidden size (DraftMismatch)."""
+    if not (head_dir / "config.json").is_file():
+        raise DraftMismatch(f"{head_dir}: no config.json there")
     tcfg = json.loads((target_dir / "config.json").read_text())
     hcfg = json.loads((head_dir / "config.json").read_text())
     for key in ("hidden_size", "vocab_size"):
-        if tcfg[key] != hcfg[key]:
-            raise DraftMismatch(f"{head_dir.name} was trained for a target with {key}={hcfg[key]}, "
-                                f"{target_dir} has {tcfg[key]}: pass --draft with a head for this target")
+        if tcfg.get(key) != hcfg.get(key):
+            raise DraftMismatch(f"{head_dir.name} was trained for a target with {key}={hcfg.get(key)}, "
+                                f"{target_dir} has {tcfg.get(key)}: pass a draft head for this target")
+
+
+def default_eagle3_head(target_dir: Path, head_dir: Path = SMOLLM2_EAGLE3) -> Path:
+    """The shipped head staged for ``target_dir`` (checked against its geometry; cached)."""
+    target_dir, head_dir = Path(target_dir), Path(head_dir)
+    check_head_for(target_dir, head_dir)
     out = models_dir() / f"{target_dir.name}-{head_dir.name}"
     fp = json.dumps({"head": {f: (head_dir / f).stat().st_size for f in HEAD_FILES}, "target": str(target_dir)})
     with locked(out):

@@ -53,6 +53,22 @@ def _echo_without_model(spec: str) -> bool:
     return configured_drafter() == "ngram"
 
 
+def with_shipped_calibration(opts: ServerOptions) -> ServerOptions:
+    """ECHO gates with the shipped calibration for this model and drafter, when one matches and
+    the user configured none (``SGLANG_ECHO_CALIBRATION`` / ``SGLANG_ECHO_CONFIG`` win)."""
+    if os.environ.get("SGLANG_ECHO_CALIBRATION") or os.environ.get("SGLANG_ECHO_CONFIG"):
+        return opts
+    from sglang_echo.calibration.shipped import shipped_calibration
+    from sglang_echo.integration.config import configured_drafter
+
+    path = shipped_calibration(opts.model_path, configured_drafter(), opts.draft_path)
+    if path is None:
+        print("[sglang-echo] calibration: none shipped for this model/drafter, ECHO gates with the paper's defaults")
+        return opts
+    print(f"[sglang-echo] calibration: {path} (shipped; SGLANG_ECHO_CALIBRATION overrides it)")
+    return replace(opts, extra_env=opts.extra_env + (("SGLANG_ECHO_CALIBRATION", str(path)),))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     opts = ServerOptions(
@@ -97,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         opts = replace(opts, draft_path=args.draft)
         print("[sglang-echo] no --draft given: using the shipped EAGLE-3 head (sglang_echo/assets/, see its README)")
+    if args.spec == "echo":
+        opts = with_shipped_calibration(opts)
     cmd = build_command(opts)
     if args.draft:
         print(f"[sglang-echo] draft: {args.draft}")

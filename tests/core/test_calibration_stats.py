@@ -51,8 +51,12 @@ def test_summary_and_sweet_spots():
     lab = np.array([True, True, False, False])
     row = summarise_depth(2, conf, lab)
     assert row.auc == 1.0 and row.accept_rate == 0.5 and row.threshold == pytest.approx(0.8)
-    rows = [DepthStats(d, a, (a, a), 0.5, 10, 10, 0.3) for d, a in [(1, 0.6), (2, 0.9), (3, 0.65), (4, 0.72)]]
+    rows = [DepthStats(d, a, (a, a), 0.5, 40, 40, 0.3) for d, a in [(1, 0.6), (2, 0.9), (3, 0.65), (4, 0.72)]]
     assert sweet_spots(rows, target_depth=3, auc_min=0.7) == (1, 2, 3, 4)
     assert sweet_spots(rows, target_depth=3, auc_min=0.8) == (1, 2, 3)
+    # A high AUC from 3 accepted samples is not a sweet spot.
+    rare = rows + [DepthStats(5, 0.99, (0.9, 1.0), 0.01, 3, 300, 0.1)]
+    assert sweet_spots(rare, target_depth=3, auc_min=0.7, min_class=10) == (1, 2, 3, 4)
+    assert sweet_spots(rare, target_depth=3, auc_min=0.7, min_class=3) == (1, 2, 3, 4, 5)
     with pytest.raises(ValueError, match="criterion"):
         summarise_depth(1, conf, lab, criterion="magic")

@@ -76,9 +76,16 @@ def test_malformed_and_mismatched_calibration(tmp_path: Path):
     ok = write_calibration(tmp_path / "ok.json", model_fp=fingerprint(model), drafter_fp=None)
     got = load_calibration_for(load_config(environ={"SGLANG_ECHO_CALIBRATION": str(ok)}), model_path=str(model))
     assert got.sweet_spots == (1, 2)
+    ngram = load_config(environ={"SGLANG_ECHO_CALIBRATION": str(ok), "SGLANG_ECHO_DRAFTER": "ngram"})
+    with pytest.raises(CalibrationError, match="made for the 'eagle3' drafter"):
+        load_calibration_for(ngram, model_path=str(model))
+    other_params = write_calibration(tmp_path / "ng.json", model_fp=fingerprint(model), drafter_fp="ngram:n=2..3", kind="ngram")
+    with pytest.raises(CalibrationError, match="made for a different drafter"):
+        load_calibration_for(load_config(environ={"SGLANG_ECHO_CALIBRATION": str(other_params), "SGLANG_ECHO_DRAFTER": "ngram"}),
+                             model_path=str(model))
 
 
-def write_calibration(path: Path, *, model_fp, drafter_fp, thresholds=(0.05, 0.02)) -> Path:
+def write_calibration(path: Path, *, model_fp, drafter_fp, thresholds=(0.05, 0.02), kind="eagle3") -> Path:
     """A minimal valid calibration file (also used by the server tests)."""
     rows = [
         {"depth": d, "auc": 0.8, "auc_ci": [0.7, 0.9], "accept_rate": 0.5, "num_accepted": 10,
@@ -88,7 +95,7 @@ def write_calibration(path: Path, *, model_fp, drafter_fp, thresholds=(0.05, 0.0
     path.write_text(json.dumps({
         "schema": "sglang-echo/calibration", "version": 1,
         "model": {"name": "m", "fingerprint": model_fp},
-        "drafter": {"kind": "eagle3", "name": "d", "fingerprint": drafter_fp},
+        "drafter": {"kind": kind, "name": "d", "fingerprint": drafter_fp},
         "depths": rows, "sweet_spots": [1, 2], "k_max": None,
     }))
     return path

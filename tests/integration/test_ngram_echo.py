@@ -262,13 +262,15 @@ def reference(smollm2_dir, prompt_ids) -> list[Generation]:
 
 def run_policy(policy: str, smollm2_dir: Path, prompt_ids, reference, tmp_path_factory, n: int):
     from sglang_echo.core.calibration_file import fingerprint
+    from sglang_echo.integration.config import drafter_fingerprint
 
     env = {**NGRAM, "SGLANG_ECHO_POLICY": policy, "SGLANG_ECHO_K_MAX": str(K_MAX)}
     if policy in ELASTIC:
         calib = tmp_path_factory.mktemp("calib") / "calibration.json"
         # Gates at depths 1 and 2 that some n-gram proposals pass and some fail.
         env["SGLANG_ECHO_CALIBRATION"] = str(write_calibration(
-            calib, model_fp=fingerprint(smollm2_dir), drafter_fp=None, thresholds=(0.3, 0.15)))
+            calib, model_fp=fingerprint(smollm2_dir), drafter_fp=drafter_fingerprint("ngram"),
+            thresholds=(0.3, 0.15), kind="ngram"))
     if policy == "fixed-threshold":
         env["SGLANG_ECHO_CONFIG"] = json.dumps({"fixed_tau": 0.2})
     if policy == "static-tree":  # the drafter named in the JSON config rather than its env var

@@ -37,6 +37,15 @@ def test_without_draft_the_shipped_head_is_used(spec: str, smollm2_dir: Path) ->
     assert r.returncode == 0, r.stderr
     assert "shipped EAGLE-3 head" in r.stdout
     assert "-eagle3-smollm2-135m-instruct" in r.stdout.split("exec:")[1]
+    if spec == "echo":  # the calibration shipped for exactly this model + head (fingerprints match)
+        assert "SGLANG_ECHO_CALIBRATION=" in r.stdout and "smollm2-135m-instruct-eagle3.json (shipped" in r.stdout
+
+
+def test_a_configured_calibration_wins_over_the_shipped_one(smollm2_dir: Path, monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SGLANG_ECHO_CALIBRATION", str(tmp_path / "mine.json"))
+    r = _launch("--spec", "echo", "--port", "32098", "--dry-run", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "(shipped" not in r.stdout
 
 
 def test_echo_with_the_ngram_drafter_needs_no_head(smollm2_dir: Path, monkeypatch) -> None:
@@ -44,6 +53,7 @@ def test_echo_with_the_ngram_drafter_needs_no_head(smollm2_dir: Path, monkeypatc
     r = _launch("--spec", "echo", "--port", "32098", "--dry-run", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert "--speculative-draft-model-path" not in r.stdout.split("exec:")[1]
+    assert "smollm2-135m-instruct-ngram.json (shipped" in r.stdout
 
 
 def test_a_draft_dir_without_config_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,203 @@
+"""``echo-calibrate``: profile a drafter's confidence on the target and write ECHO's gating file.
+
+    echo-calibrate --drafter eagle3 --prompts chat,humaneval --num-prompts 32 --out calib.json
+    echo-calibrate --drafter ngram --prompts my_prompts.jsonl --depth 8 --width 4 --out calib.json
+    echo-calibrate --from-samples calib.samples.jsonl --drafter eagle3 --out calib.json   # re-threshold
+
+ECHO Sec. 3.2 ("Offline Calibration"): the real sglang server (the one ``make serve`` runs, same
+worker and drafter) serves the prompts with a beam tree ``depth`` x ``width`` and records, per
+request, step and depth, the layer confidence c_{i,d} (Eq. 6) and whether the target accepted a
+node there (:mod:`.probe`). Per depth we take the AUC of c for accepted vs rejected
+(Mann-Whitney, bootstrap CI), the sweet spots D_sig (root, target depth, AUC > xi) and tau_d
+(Youden's J, or expected yield); K_max is suggested from the measured verify-cost knee.
+
+Writes ``--out`` (the calibration JSON the plugin loads via ``SGLANG_ECHO_CALIBRATION``), and next
+to it ``<out>.samples.jsonl`` (raw samples, resumable with ``--resume``), ``<out stem>.md`` and
+the PNG plots. Exit code 2: bad input (prompts, drafter/model mismatch); 1: the probe failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from sglang_echo.core.calibration_file import Calibration, fingerprint
+
+from . import report, stats
+from .probe import read_samples
+
+log = logging.getLogger("echo-calibrate")
+
+
+class InputError(ValueError):
+    """Bad user input: reported as one line, exit code 2."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="echo-calibrate", description=__doc__.splitlines()[0])
+    ap.add_argument("--drafter", choices=("eagle3", "ngram"), required=True)
+    ap.add_argument("--model", type=Path, default=None, help="target checkpoint dir (default: the prepared SmolLM2, as make serve)")
+    ap.add_argument("--draft", type=Path, default=None, help="EAGLE-3 head dir (default: the shipped head)")
+    ap.add_argument("--prompts", default="chat,humaneval",
+                    help="a JSONL file ({'prompt'} or {'messages'} per line) or built-in sets, comma-separated")
+    ap.add_argument("--num-prompts", type=int, default=32, help="at most this many prompts (spread over the sets)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=8, help="probe tree depth (depths 1..depth get a row)")
+    ap.add_argument("--width", type=int, default=4, help="probe beam width per depth")
+    ap.add_argument("--target-depth", type=int, default=4,
+                    help="the served tree depth (ECHO max_depth, default 4): always a sweet spot")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--criterion", choices=tuple(stats.CRITERIA), default="youden")
+    ap.add_argument("--auc-min", type=float, default=stats.DEFAULT_AUC_MIN, help="xi: depths with AUC > xi are sweet spots")
+    ap.add_argument("--min-class-samples", type=int, default=stats.MIN_CLASS_SAMPLES,
+                    help="a depth needs this many accepted and rejected samples to qualify by AUC")
+    ap.add_argument("--out", type=Path, default=Path("echo-calibration.json"))
+    ap.add_argument("--resume", action="store_true", help="keep the samples of an interrupted run and probe only the rest")
+    ap.add_argument("--from-samples", type=Path, default=None, help="skip probing: summarise an existing samples file")
+    ap.add_argument("--dtype", default=None, help="as the server will run (default: the checkpoint's)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    ap.add_argument("--port", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.depth < 1 or args.width < 2:
+        ap.error("--depth must be >= 1 and --width >= 2 (the verify path needs a tree)")
+    if args.num_prompts < 1 or args.concurrency < 1:
+        ap.error("--num-prompts and --concurrency must be >= 1")
+    return args
+
+
+def load_prompts(spec: str, limit: int, tokenizer) -> list[tuple[str, str]]:
+    """``(id, rendered text)`` pairs from a JSONL file or built-in set names; InputError if none."""
+    from sglang_echo.models import prompts as P
+
+    path = Path(spec)
+    if path.suffix == ".jsonl" or path.exists():
+        try:
+            with open(path, encoding="utf-8") as fh:
+                items = P.read_jsonl(fh, path.stem)
+        except OSError as e:
+            raise InputError(f"--prompts {spec}: cannot read ({e.strerror})") from None
+        except (ValueError, json.JSONDecodeError) as e:
+            raise InputError(f"--prompts {spec}: {e}") from None
+        items = items[:limit]
+    else:
+        names = [n for n in spec.split(",") if n]
+        unknown = [n for n in names if n not in P.DATASETS]
+        if unknown or not names:
+            raise InputError(f"--prompts {spec!r}: not a file and not built-in sets ({', '.join(P.DATASETS)})")
+        items = P.load_mixed(-(-limit // len(names)), names)[:limit]
+    rendered = [(p.id, p.as_text(tokenizer)) for p in items]
+    rendered = [(pid, text) for pid, text in rendered if text.strip()]
+    if not rendered:
+        raise InputError(f"--prompts {spec}: no non-empty prompts")
+    return rendered
+
+
+def resolve(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    from sglang_echo.models.prepare import prepare
+
+    model = args.model or prepare().path
+    if not (model / "config.json").is_file():
+        raise InputError(f"--model {model}: no config.json there")
+    draft = None
+    if args.drafter == "eagle3":
+        from sglang_echo.models.drafts import DraftMismatch, check_head_for, default_eagle3_head
+
+        try:
+            draft = default_eagle3_head(model) if args.draft is None else args.draft
+            check_head_for(model, draft)
+        except DraftMismatch as e:
+            raise InputError(f"--draft: {e}") from None
+    elif args.draft is not None:
+        raise InputError("--draft is for the eagle3 drafter; ngram has no weights")
+    return model, draft
+
+
+def summarise(args, samples, model: Path, draft: Path | None, probe: dict) -> tuple[Calibration, list]:
+    from sglang_echo.integration.config import drafter_fingerprint
+
+    if samples.depth < 1:
+        raise InputError("the samples have no depth columns")
+    target_depth = min(args.target_depth, samples.depth)
+    rows = tuple(
+        stats.summarise_depth(d, samples.conf[:, d - 1], samples.labels(d), args.criterion)
+        for d in range(1, samples.depth + 1)
+    )
+    k_max, curve = stats.verify_cost_knee(samples.verify_tokens, samples.verify_s)
+    calib = Calibration(
+        model={"name": model.name, "fingerprint": fingerprint(model)},
+        drafter={"kind": args.drafter, "name": draft.name if draft else "ngram",
+                 "fingerprint": drafter_fingerprint(args.drafter, draft)},
+        depths=rows,
+        sweet_spots=stats.sweet_spots(list(rows), target_depth, args.auc_min, args.min_class_samples),
+        criterion=args.criterion,
+        auc_min=args.auc_min,
+        probe={**probe, "depth": samples.depth, "target_depth": target_depth, "num_samples": samples.num_samples},
+        k_max=k_max,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    return calib, curve
+
+
+def meta_file(samples: Path) -> Path:
+    """The probe's settings and command, written next to its samples once it has finished."""
+    return samples.with_name(samples.name + ".meta.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[echo-calibrate] %(message)s")
+    args = parse_args(argv)
+    command = "echo-calibrate " + shlex.join(sys.argv[1:] if argv is None else argv)
+    out = args.out
+    samples_path = args.from_samples or out.with_name(out.stem + ".samples.jsonl")
+    try:
+        model, draft = resolve(args)
+        if args.from_samples is None:
+            from transformers import AutoTokenizer
+
+            from .runner import ProbeJob, run_probe
+
+            tok = AutoTokenizer.from_pretrained(model)
+            prompts = load_prompts(args.prompts, args.num_prompts, tok)
+            probe = {"command": command, "prompts": args.prompts, "num_prompts": len(prompts), "width": args.width,
+                     "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency}
+            job = ProbeJob(model=model, drafter=args.drafter, draft=draft, prompts=prompts, samples=samples_path,
+                           depth=args.depth, width=args.width, max_new_tokens=args.max_new_tokens,
+                           concurrency=args.concurrency, dtype=args.dtype, device=args.device, port=args.port)
+            log.info("probing %d prompts through sglang (beam tree %dx%d); samples -> %s",
+                     len(prompts), args.depth, args.width, samples_path)
+            run_probe(job, resume=args.resume)
+            meta_file(samples_path).write_text(json.dumps(probe, indent=2) + "\n")
+        elif not samples_path.is_file():
+            raise InputError(f"--from-samples {samples_path}: no such file")
+        else:  # the probe's own settings, as it recorded them
+            meta = meta_file(samples_path)
+            probe = json.loads(meta.read_text()) if meta.is_file() else {"command": None}
+        try:
+            samples = read_samples(samples_path)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        calib, curve = summarise(args, samples, model, draft, probe)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # the probe server failed: say where its log is
+        print(f"error: calibration probe failed ({type(e).__name__}: {e}); server log: "
+              f"{samples_path.with_suffix('.server.log')}", file=sys.stderr)
+        return 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    calib.save(out)
+    md = out.with_suffix(".md")
+    md.write_text(report.markdown(calib, samples, curve, command))
+    pngs = report.plots(calib, samples, curve, out.with_suffix(""))
+    print(report.markdown(calib, samples, curve, command))
+    print(f"wrote {out}, {md}" + "".join(f", {p}" for p in pngs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
