@@ -70,7 +70,7 @@ def test_static_tree_eagle_shape_is_lossless(target, prompts, ar):
     assert res.request_mat(0) > 1.5
 
 
-@pytest.mark.parametrize("name", [n for n in POLICIES if n not in ("ar", "chain", "static-tree")])
+@pytest.mark.parametrize("name", [n for n in POLICIES if make_policy(n).budgeted])
 @pytest.mark.parametrize("k_max", [3, 7, 11])
 def test_budgeted_policies_keep_k_max(name, k_max, target, prompts, ar):
     policy = make_policy(name, PolicyConfig(k_max=k_max, max_depth=5, w_max=3))
