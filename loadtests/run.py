@@ -1,0 +1,156 @@
+"""Headless concurrency sweep against a running sglang server: CSVs and one plot per sweep.
+
+    make serve &                                   # sglang on 127.0.0.1:30000
+    python loadtests/run.py --users 8,16,32,64,128,256 --level-seconds 60 --level-requests 200
+    python loadtests/run.py --smoke                # seconds, not minutes: 2 and 4 users, 8 tokens
+
+Each level runs until ``--level-requests`` requests have finished or ``--level-seconds`` have
+passed, whichever comes first. Only localhost is loaded unless ``--allow-remote`` is given.
+Writes into ``--out``: ``summary.csv``, ``errors.csv``, ``loadtest.png``, ``run.json`` and, per
+level, the request samples, locust's log and locust's own statistics (see README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+if not __package__:  # run as `python loadtests/run.py`: make the `loadtests` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import requests  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from loadtests.hosts import RemoteHostRefused, check_host  # noqa: E402
+from loadtests.levels import LevelFailed, Sweep, flush_prefix_cache, run_level  # noqa: E402
+from loadtests.plot import plot_levels  # noqa: E402
+from loadtests.summary import LevelResult, write_csvs  # noqa: E402
+
+DEFAULT_HOST = "http://127.0.0.1:30000"
+DEFAULT_USERS = "8,16,32,64,128,256"
+# --smoke: small enough for CI on a 2-core CPU server, big enough to exercise every code path.
+SMOKE = {"users": "2,4", "level_seconds": 60, "level_requests": 8, "max_tokens": 8}
+
+
+def _users(text: str) -> tuple[int, ...]:
+    users = tuple(int(u) for u in text.split(",") if u.strip())
+    if not users or min(users) < 1:
+        raise argparse.ArgumentTypeError(f"need positive user counts, got {text!r}")
+    return users
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"server base URL (default {DEFAULT_HOST})")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow a --host that is not localhost (only a server you are responsible for)")
+    p.add_argument("--users", type=_users, default=None, help=f"levels (default {DEFAULT_USERS})")
+    p.add_argument("--level-seconds", type=int, default=None, help="time limit per level (default 60)")
+    p.add_argument("--level-requests", type=int, default=None, help="request limit per level (default 200)")
+    p.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request (default 64)")
+    p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens per request")
+    p.add_argument("--tags", nargs="+", default=(),
+                   help="locust tags to run: chat, completions, stream, nostream (default all)")
+    p.add_argument("--prompts-per-set", type=int, default=40,
+                   help="prompts from each dev prompt set (default 40: all of the hand-written ones)")
+    p.add_argument("--keep-cache", action="store_true",
+                   help="do not flush sglang's prefix cache before each level")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds without data per request")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default out/loadtest/<time>)")
+    p.add_argument("--smoke", action="store_true",
+                   help=f"tiny sweep {SMOKE} that fails on any request error (for CI)")
+    p.add_argument("--fail-on-errors", action="store_true", help="exit 1 if any request failed")
+    args = p.parse_args(argv)
+    defaults = SMOKE if args.smoke else {"users": DEFAULT_USERS, "level_seconds": 60,
+                                         "level_requests": 200, "max_tokens": 64}
+    for name, value in defaults.items():  # explicit options win over the mode's defaults
+        if getattr(args, name) is None:
+            setattr(args, name, _users(value) if name == "users" else value)
+    args.fail_on_errors = args.fail_on_errors or args.smoke
+    if args.out is None:
+        args.out = Path("out/loadtest") / time.strftime("%Y%m%d-%H%M%S")
+    return args
+
+
+def served_model(host: str) -> str:
+    """The first model the server lists; also the check that a server is there at all."""
+    r = requests.get(f"{host}/v1/models", timeout=60)
+    r.raise_for_status()
+    return r.json()["data"][0]["id"]
+
+
+def sweep_levels(sweep: Sweep, users: tuple[int, ...], console: Console) -> list[LevelResult]:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    results = []
+    with Progress(*columns, console=console) as progress:
+        for n in users:
+            if sweep.flush_cache and flush_prefix_cache(sweep.host) is False:
+                console.print(f"[yellow]{n} users: the server did not flush its prefix cache; "
+                              "this level's TTFT may be optimistic")
+            results.append(run_level(sweep, n, progress))
+    return results
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def results_table(results: list[LevelResult]) -> Table:
+    table = Table("users", "req", "fail", "tok/s", "req/s", "TTFT p50/95", "TPOT p50/95", "errors",
+                  title="ms for TTFT and TPOT; all columns in summary.csv")
+    for r in results:
+        errors = " ".join(f"{k}={v}" for k, v in r.errors.items()) or "-"
+        if r.client_cpu_warning:
+            errors += " (locust CPU-bound)"
+        table.add_row(str(r.users), str(r.requests), str(r.failures), f"{r.tokens_per_s:.1f}",
+                      f"{r.req_per_s:.2f}", f"{_ms(r.ttft_p50_ms)}/{_ms(r.ttft_p95_ms)}",
+                      f"{_ms(r.tpot_p50_ms)}/{_ms(r.tpot_p95_ms)}", errors)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console(stderr=True)
+    try:
+        host = check_host(args.host, allow_remote=args.allow_remote)
+        model = served_model(host)
+    except RemoteHostRefused as exc:
+        console.print(f"[red]{exc}")
+        return 2
+    except (requests.RequestException, ValueError, KeyError, IndexError) as exc:
+        console.print(f"[red]no OpenAI-compatible server at {args.host}: {exc}")
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    sweep = Sweep(host=host, model=model, out=args.out, level_seconds=args.level_seconds,
+                  level_requests=args.level_requests, max_tokens=args.max_tokens,
+                  ignore_eos=args.ignore_eos, allow_remote=args.allow_remote, tags=tuple(args.tags),
+                  prompts_per_set=args.prompts_per_set, request_timeout=args.request_timeout,
+                  flush_cache=not args.keep_cache)
+    (args.out / "run.json").write_text(json.dumps(
+        {**asdict(sweep), "out": str(sweep.out), "users": list(args.users)}, indent=2))
+    console.print(f"load test: {model} at {host}, users {list(args.users)}, "
+                  f"{args.level_seconds}s / {args.level_requests} requests per level -> {args.out}")
+    try:
+        results = sweep_levels(sweep, args.users, console)
+    except LevelFailed as exc:
+        console.print(f"[red]{exc}")
+        return 1
+    summary, errors = write_csvs(results, args.out)
+    png = plot_levels(results, args.out / "loadtest.png",
+                      title=f"{model} @ {host}, max_tokens={args.max_tokens}")
+    console.print(results_table(results))
+    console.print(f"wrote {summary}, {errors}, {png}")
+    if args.fail_on_errors and any(r.failures for r in results):
+        console.print("[red]requests failed (see errors.csv and the per-level logs)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
