@@ -5,12 +5,16 @@ argument resolution, scheduler, detokenizer, DP controller). On a CPU-engine pro
 1. installs the `sgl_kernel` shim finder (idempotent; the .pth already did it at startup),
 2. registers the `echo_torch` attention backend in sglang's backend registry and CLI choices,
 3. teaches sglang's EAGLE `DraftBackendFactory` to build `echo_torch` draft backends (its
-   backend map is a local dict, so an AROUND hook via HookRegistry is the only seam).
+   backend map is a local dict, so an AROUND hook via HookRegistry is the only seam),
+4. makes speculative verify (EAGLE/EAGLE3, NGRAM and both ECHO workers all verify through
+   `eagle_utils.eagle_sample`) sample at temperature > 0 instead of committing the argmax; see
+   `_verify_uses_greedy` and `_bind_verify_sampling_ops` below.
 On any other process (GPU servers) it does nothing.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Any, Callable
 
@@ -59,6 +63,42 @@ def _draft_extend_backend(original: Callable[..., Any], factory: Any) -> Any:
     return _stamp(_create_backend(factory.draft_model_runner))
 
 
+_EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+
+
+def _verify_uses_greedy(original: Callable[..., bool], **kwargs: Any) -> bool:
+    """AROUND `eagle_utils._verify_uses_greedy`: the CPU no longer forces greedy verify.
+
+    sglang returns `is_all_greedy or is_cpu or ...` because it has no CPU sampling-verify
+    kernel, so on CPU every sampled request silently got the target's argmax from each verify
+    step. We provide that kernel (`ops.spec_sampling`), so only the CPU term is dropped: an
+    all-greedy batch still takes the greedy path (`verify_tree_greedy`), every other term is
+    sglang's own. `eagle_sample` calls it with keyword arguments only (its signature is
+    keyword-only), and looks the name up in its module globals at call time.
+    """
+    return original(**{**kwargs, "is_cpu": False})
+
+
+def _bind_verify_sampling_ops() -> None:
+    """Give `eagle_utils` the sampling-verify ops that sglang resolves to None on CPU.
+
+    `eagle_sample`'s sampling branch calls the module globals `tree_speculative_sampling_target_only`
+    and, for requests with top-k / top-p, `top_k_renorm_prob` / `top_p_renorm_prob`. sglang's
+    per-platform resolvers (`kernels/ops/speculative/verify_sampling.py`,
+    `kernels/ops/sampling/renorm.py`) set them to None on CPU and `eagle_utils` copies them at
+    import (`from ... import`). HookRegistry cannot patch them: its REPLACE on an attribute whose
+    original is None would, through `_propagate_patch` (it rebinds every module global that `is`
+    the original), overwrite every None-valued global of every loaded module. So they are bound
+    directly, in `eagle_utils` only, and only while still None (a real kernel is never replaced).
+    """
+    from sglang_echo.platform.ops import spec_sampling
+
+    eagle_utils = importlib.import_module(_EAGLE_UTILS)
+    for name in ("tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob"):
+        if getattr(eagle_utils, name) is None:
+            setattr(eagle_utils, name, getattr(spec_sampling, name))
+
+
 def register() -> None:
     if not kernel_finder.cpu_engine_selected():
         return
@@ -84,4 +124,9 @@ def register() -> None:
     factory = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
     HookRegistry.register(f"{factory}.create_decode_backend", _draft_decode_backend, HookType.AROUND)
     HookRegistry.register(f"{factory}.create_draft_extend_backend", _draft_extend_backend, HookType.AROUND)
+
+    # Sampled speculative verify. Importing eagle_utils here costs nothing extra: HookRegistry
+    # resolves the hook target (same module) right after, and every launcher/scheduler imports it.
+    _bind_verify_sampling_ops()
+    HookRegistry.register(f"{_EAGLE_UTILS}._verify_uses_greedy", _verify_uses_greedy, HookType.AROUND)
     logger.info("sglang_echo CPU platform: registered attention backend %r", BACKEND_NAME)

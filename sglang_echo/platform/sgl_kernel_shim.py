@@ -18,6 +18,12 @@ from sglang_echo.platform.ops import (  # noqa: F401
     fill_accept_out_cache_loc_cpu,
     fill_bonus_tokens_cpu,
     reconstruct_indices_from_tree_mask,
+    # Sampling verify, under the names sgl_kernel exports them (sglang imports them from
+    # sgl_kernel on MUSA). sglang's CPU path sets them to None instead of importing them, so the
+    # platform plugin binds them into eagle_utils (plugin._bind_verify_sampling_ops).
+    top_k_renorm_prob,
+    top_p_renorm_prob,
+    tree_speculative_sampling_target_only,
     verify_tree_greedy_cpu,
 )
 

@@ -15,6 +15,11 @@ from sglang_echo.platform.ops.spec_accept import (
     fill_bonus_tokens_cpu,
     verify_tree_greedy_cpu,
 )
+from sglang_echo.platform.ops.spec_sampling import (
+    top_k_renorm_prob,
+    top_p_renorm_prob,
+    tree_speculative_sampling_target_only,
+)
 from sglang_echo.platform.ops.spec_tree import (
     build_tree_kernel_efficient_cpu,
     reconstruct_indices_from_tree_mask,
@@ -29,5 +34,8 @@ __all__ = [
     "fill_accept_out_cache_loc_cpu",
     "fill_bonus_tokens_cpu",
     "reconstruct_indices_from_tree_mask",
+    "top_k_renorm_prob",
+    "top_p_renorm_prob",
+    "tree_speculative_sampling_target_only",
     "verify_tree_greedy_cpu",
 ]
