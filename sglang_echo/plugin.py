@@ -1,5 +1,5 @@
-"""sglang general plugin: registers ``--speculative-algorithm ECHO`` and the
-``echo_tree_triton`` attention backend (Triton tree verify, GPU).
+"""sglang general plugin: registers ``--speculative-algorithm ECHO`` (and its ragged-verify hook on
+``ModelRunner.forward``) and the ``echo_tree_triton`` attention backend (Triton tree verify, GPU).
 
 Entry point ``sglang.srt.plugins: echo = "sglang_echo.plugin:register"``. sglang calls it (via
 ``load_plugins()``) in the main process before parsing args and again in every spawned
@@ -57,4 +57,12 @@ def register() -> None:
         validate_server_args=validate_server_args,
         spec_class=EchoSpecAlgo,
     )(_worker_factory)
+
+    # Ragged verify: the target forward of a verify input the ECHO worker marked runs on its real
+    # tree nodes only (integration/ragged.py); every other forward passes straight through.
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_echo.integration.ragged import RUNNER_FORWARD, ragged_verify_forward
+
+    HookRegistry.register(RUNNER_FORWARD, ragged_verify_forward, HookType.AROUND)
     log.debug("ECHO speculative algorithm registered")

@@ -48,6 +48,7 @@ _EW = "sglang.srt.speculative.eagle_worker_v2"
 _EC = "sglang.srt.speculative.eagle_worker_common"
 _NW = "sglang.srt.speculative.ngram_worker"
 _RC = "sglang.srt.runtime_context"
+_EU = "sglang.srt.speculative.eagle_utils"
 
 HOOKS: tuple[Hook, ...] = (
     # -- registration (plugin.register, spec.EchoSpecAlgo) ---------------------------------
@@ -138,6 +139,24 @@ HOOKS: tuple[Hook, ...] = (
          "overlap splice condition, as NGRAM"),
     Hook("sglang.srt.managers.schedule_batch", "Req.__init__", ("self", "rid", "origin_input_text", "origin_input_ids"),
          "req.rid / origin_input_ids_unpadded / output_ids: the drafter's history"),
+    # -- ragged verify (integration/ragged.py; registered by plugin.register) --------------------
+    Hook("sglang.srt.model_executor.model_runner", "ModelRunner.forward", ("self", "forward_batch"),
+         "AROUND hook: a marked TARGET_VERIFY batch runs on its real tree nodes only"),
+    Hook("sglang.srt.model_executor.forward_batch_info", "ForwardBatch",
+         None, "input_ids / positions / out_cache_loc per token, batch_size, spec_info"),
+    # -- the CPU platform's sampled verify (sglang_echo.platform.plugin; all workers verify with it) --
+    Hook(_EU, "eagle_sample", ("verify_input", "batch", "logits_output", "grammar_mask"),
+         "verify of EAGLE/NGRAM/both ECHO workers; reads the names below as module globals at call time"),
+    Hook(_EU, "_verify_uses_greedy", ("is_all_greedy", "is_cpu", "is_hip", "is_xpu", "use_rejection_sampling"),
+         "AROUND hook on CPU: drops the is_cpu term so sampled batches are verified by sampling"),
+    Hook(_EU, "tree_speculative_sampling_target_only", None, "None on CPU; bound to ops.spec_sampling"),
+    Hook(_EU, "top_k_renorm_prob", None, "None on CPU; bound to ops.spec_sampling"),
+    Hook(_EU, "top_p_renorm_prob", None, "None on CPU; bound to ops.spec_sampling"),
+    Hook("sglang.kernels.ops.speculative.sampling", "tree_speculative_sampling_target_only",
+         ("predicts", "accept_index", "accept_token_num", "candidates", "retrive_index", "retrive_next_token",
+          "retrive_next_sibling", "uniform_samples", "uniform_samples_for_final_sampling", "target_probs",
+          "draft_probs", "threshold_single", "threshold_acc", "deterministic"),
+         "the CUDA op whose signature and semantics ops.spec_sampling mirrors"),
 )
 
 

@@ -10,13 +10,18 @@ reach every sglang subprocess). Resolution order, later wins:
    ``[echo]`` table), or inline JSON when the value starts with ``{``;
 4. per-field environment overrides ``SGLANG_ECHO_<FIELD>`` (``SGLANG_ECHO_POLICY``,
    ``SGLANG_ECHO_K_MAX``, ``SGLANG_ECHO_MAX_DEPTH``, ``SGLANG_ECHO_W_DEF``, ``SGLANG_ECHO_W_MAX``,
-   ``SGLANG_ECHO_WIDTH``, ``SGLANG_ECHO_CALIBRATION``, ``SGLANG_ECHO_DRAFTER``).
+   ``SGLANG_ECHO_WIDTH``, ``SGLANG_ECHO_CALIBRATION``, ``SGLANG_ECHO_DRAFTER``,
+   ``SGLANG_ECHO_VERIFY``).
 
 Defaults: policy ``echo``, ``k_max`` 64 (batch verification cap, roots included), ``max_depth``
 4, ``w_def`` 1, ``w_max`` 2, no calibration file (the paper's default gates, logged loudly),
 drafter ``eagle3`` (the EAGLE-3 head of ``--speculative-draft-model-path``; ``ngram``: the
-parameter-free n-gram drafter :class:`sglang_echo.drafters.ngram.NGramDrafter`, no draft model). ``width`` (the padded verify width W) defaults to the widest tree the policy
-can build: ``max(max_depth + 1, min(k_max, 1 + max_depth * w_def + w_max))``.
+parameter-free n-gram drafter :class:`sglang_echo.drafters.ngram.NGramDrafter`, no draft model).
+``width`` (the padded verify width W) defaults to the widest tree the policy can build:
+``max(max_depth + 1, min(k_max, 1 + max_depth * w_def + w_max))``. ``verify`` ``auto``: the
+target forward runs on the real tree nodes only (``ragged``, :mod:`.ragged`) where the
+attention backend supports it (the CPU platform's), else on every request's ``W`` slots
+(``padded``, what CUDA graphs capture).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
+
+from .ragged import VERIFY_MODES
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +59,7 @@ class EchoConfig:
     calibration: Optional[str] = None
     drafter: str = "eagle3"
     fixed_tau: float = 0.3
+    verify: str = "auto"  # auto | ragged | padded (see the module docstring)
     source: str = "defaults"
 
     # -- derived ---------------------------------------------------------------------------
@@ -104,6 +112,8 @@ class EchoConfig:
             raise bad(f"need 1 <= w_def <= w_max, got w_def={self.w_def}, w_max={self.w_max}")
         if self.w_max < 2:
             raise bad(f"w_max={self.w_max} must be >= 2 (the verify path needs a tree, topk >= 2)")
+        if self.verify not in VERIFY_MODES:
+            raise bad(f"verify={self.verify!r} is unknown; choose one of {', '.join(VERIFY_MODES)}")
         if not 0.0 <= self.fixed_tau <= 1.0:
             raise bad(f"fixed_tau={self.fixed_tau} must be a probability in [0, 1]")
         W = self.resolved_width()

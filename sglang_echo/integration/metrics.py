@@ -5,6 +5,8 @@ on ``/metrics``, so anything created here after ``PROMETHEUS_MULTIPROC_DIR`` is 
 sglang's own ``spec_cap_length`` / ``spec_cap_lens_histogram`` come from ``cap_lens = K_i``.
 
 * ``echo_verified_tokens_total``: sum of K_i (roots included) over all steps;
+* ``echo_target_tokens_total``: tokens the target's verify forwards computed (sum of K_i with
+  ragged verify, batch size x W padded);
 * ``echo_accepted_tokens_total``: accepted tokens incl. the bonus token;
 * ``echo_steps_total``: verify steps;
 * ``echo_gate_evaluated_total{depth}`` / ``echo_gate_passed_total{depth}``;
@@ -25,7 +27,7 @@ class EchoMetrics:
         self.cfg = cfg
         self.enabled = enabled
         self.step_max = 0
-        self.totals = {"verified": 0, "accepted": 0, "steps": 0, "exceeded": 0}
+        self.totals = {"verified": 0, "target": 0, "accepted": 0, "steps": 0, "exceeded": 0}
         self._m = None
         if enabled:
             try:
@@ -39,6 +41,7 @@ class EchoMetrics:
 
         self._m = {
             "verified": Counter("echo_verified_tokens", "Tokens submitted to verification (sum of K_i, roots included)"),
+            "target": Counter("echo_target_tokens", "Tokens computed by the target's verify forwards (padding included)"),
             "accepted": Counter("echo_accepted_tokens", "Tokens accepted by verification (incl. bonus)"),
             "steps": Counter("echo_steps", "ECHO verify steps"),
             "exceeded": Counter("echo_budget_exceeded", "Steps whose sum of K_i exceeded max(K_max, bs)"),
@@ -49,14 +52,16 @@ class EchoMetrics:
         }
         self._m["k_max"].set(self.cfg.k_max)
 
-    def on_step(self, st) -> None:
+    def on_step(self, st, target_tokens: int) -> None:
         total = int(st.sizes.sum())
         self.totals["verified"] += total
+        self.totals["target"] += target_tokens
         self.totals["steps"] += 1
         self.step_max = max(self.step_max, total)
         if self._m is None:
             return
         self._m["verified"].inc(total)
+        self._m["target"].inc(target_tokens)
         self._m["steps"].inc()
         self._m["step_max"].set(self.step_max)
         if st.gate_evaluated is not None:

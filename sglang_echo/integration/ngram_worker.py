@@ -17,8 +17,9 @@ padded ``[bs*W]`` token block and a ``W x W`` ancestor-or-self mask per request;
 Everything else is NGRAM's, unchanged: ``reconstruct_indices_from_tree_mask`` derives positions
 and retrieve links from the mask, the target verifies the ``bs*W`` block (QLEN mask on CPU, FULL
 mask elsewhere), ``eagle_sample`` accepts, and the accepted KV is moved to the front. ECHO's
-additions: ``cap_lens = K_i`` on the result (sglang's ``spec_cap_length`` / histogram) and the
-``echo_*`` metrics.
+additions: ragged verify (the verify input is marked with ``K_i`` so the target forward skips the
+padding, :mod:`.ragged`), ``cap_lens = K_i`` on the result (sglang's ``spec_cap_length`` /
+histogram) and the ``echo_*`` metrics.
 
 The corpus is not built (no C++ JIT, no shared corpus): ``ngram_corpus`` is a
 :class:`RequestDrafters`, which implements the three corpus calls NGRAM's generic code still
@@ -51,6 +52,7 @@ from sglang_echo.drafters.ngram import NGramDrafter
 from .config import EchoConfig, load_calibration_for, load_config, make_echo_policy
 from .metrics import EchoMetrics
 from .padded import to_sglang_dense
+from .ragged import MARK, resolve_verify_mode, target_tokens
 
 log = logging.getLogger(__name__)
 
@@ -259,8 +261,14 @@ def _define_worker():
             self._echo_step: NgramStep | None = None
             self.echo_probe = ProbeRecorder.from_env(self.device)
             self._echo_draft_s = 0.0
-            log.info("ECHO ngram worker: policy %s (%s), padded verify W=%d, no draft model",
+            self.echo_verify = "padded"  # until init_attention_backends: the target's backend decides
+            log.info("ECHO ngram worker: policy %s (%s), W=%d, no draft model",
                      self.echo_policy.name, cfg.describe(), self.echo_width)
+
+        def init_attention_backends(self):
+            super().init_attention_backends()
+            self.echo_verify = resolve_verify_mode(self.echo_cfg.verify, self.model_runner.attn_backend)
+            log.info("ECHO ngram worker: %s verify", self.echo_verify)
 
         # -- the one real override: where the trees come from -------------------------------------
         def _prepare_draft_tokens(self, batch) -> tuple[np.ndarray, np.ndarray]:
@@ -288,6 +296,12 @@ def _define_worker():
                 self._echo_draft_s = time.perf_counter() - t0
             return tokens, mask
 
+        def _prepare_for_speculative_decoding(self, batch) -> None:
+            super()._prepare_for_speculative_decoding(batch)
+            step = self._echo_step
+            if self.echo_verify == "ragged" and step is not None and batch.forward_mode.is_target_verify():
+                setattr(batch.spec_info, MARK, step.sizes.to(self.device))  # see .ragged
+
         def _update_ngram_corpus(self, batch) -> None:
             pass  # the per-request drafters catch up from the request's tokens at the next step
 
@@ -298,12 +312,13 @@ def _define_worker():
             result = super().forward_batch_generation(batch, *args, **kwargs)
             st, self._echo_step = self._echo_step, None
             if st is not None and batch.forward_mode is not None and not batch.forward_mode.is_idle():
+                forward_tokens = target_tokens(self.echo_verify, st.sizes, self.echo_width)
                 if self.echo_probe is not None:  # the verify pass is the step minus its drafting
-                    self.echo_probe.on_verify(int(st.sizes.numel()) * self.echo_width,
+                    self.echo_probe.on_verify(forward_tokens,
                                               time.perf_counter() - t0 - self._echo_draft_s)
                 result.cap_lens = st.sizes.to(self.device)
                 self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st.sizes)
-                self.echo_metrics.on_step(st)
+                self.echo_metrics.on_step(st, forward_tokens)
             return result
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:

@@ -1,4 +1,4 @@
-"""ECHO's speculative worker for sglang 0.5.23: padded-dense mode (memo 7.1-7.3, phase 2).
+"""ECHO's speculative worker for sglang 0.5.23 (memo 7.1-7.3).
 
 * :class:`EchoWorker` is ``EAGLEWorkerV2`` (same prefill, draft extend, verify, overlap and
   idle handling), with the draft worker class-swapped to :class:`EchoDraftWorker` and
@@ -8,6 +8,9 @@
   the policy picked (:mod:`.drafter`), the policy keeps the nodes (ECHO Alg. 1 under
   ``sum K_i <= max(K_max, bs)``), and the trees are padded to W (:mod:`.padded`) into an
   :class:`EchoVerifyInput` for sglang's unchanged ``verify()``.
+* Ragged verify (:mod:`.ragged`, where the attention backend supports it): the verify input
+  also carries ``K``, and the target forward runs on the ``sum K_i`` real nodes only; sglang's
+  acceptance and KV commit still see the padded layout.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from .config import EchoConfig, load_calibration_for, load_config, make_echo_pol
 from .drafter import EagleFrontierDrafter
 from .metrics import EchoMetrics
 from .padded import to_sglang_dense
+from .ragged import MARK, resolve_verify_mode, target_tokens
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,8 @@ log = logging.getLogger(__name__)
 class EchoVerifyInput(EagleVerifyInput):
     """An EAGLE verify input whose tree is irregular: ``tree_topk = -1`` makes the CPU attention
     backends use the mask and the kernels treat the tree as arbitrary (as NGRAM does)."""
+
+    echo_verify_lens: Optional[torch.Tensor] = None  # [bs] K_i: ragged verify (see .ragged.MARK)
 
     @property
     def tree_topk(self) -> int:
@@ -59,6 +65,7 @@ class EchoDraftWorker(EagleDraftWorker):
     echo_cfg: EchoConfig
     echo_policy = None
     echo_width: int = 0
+    echo_ragged: bool = False
     echo_step: EchoStepState
     echo_probe: Optional[ProbeRecorder] = None
 
@@ -122,11 +129,13 @@ class EchoDraftWorker(EagleDraftWorker):
         if kv_loc_plan is not None:
             verify_input.kv_loc_plan = kv_loc_plan
             verify_input.prepared_out_cache_loc = kv_loc_plan.write_virtual
+        if self.echo_ragged:
+            setattr(verify_input, MARK, st.sizes)
         return verify_input
 
 
 class EchoWorker(EAGLEWorkerV2):
-    """``EAGLEWorkerV2`` running ECHO (or any core policy) in padded-dense mode."""
+    """``EAGLEWorkerV2`` running ECHO (or any core policy), ragged or padded-dense verify."""
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
@@ -142,6 +151,7 @@ class EchoWorker(EAGLEWorkerV2):
         self.echo_cfg = cfg
         self.echo_policy = make_echo_policy(cfg, calib)
         self.echo_width = cfg.resolved_width()
+        self.echo_verify = "padded"  # until init_attention_backends: the target's backend decides
         self.echo_probe = ProbeRecorder.from_env(self.device)
         dw = self._draft_worker
         if dw is not None:
@@ -152,19 +162,26 @@ class EchoWorker(EAGLEWorkerV2):
             # The captured draft graph returns EAGLE's organized tree; ECHO drafts eagerly.
             dw.cuda_graph_runner = None
         self.echo_metrics = EchoMetrics(cfg, enabled=bool(getattr(server_args, "enable_metrics", False)))
-        log.info("ECHO worker: policy %s (%s), %s", self.echo_policy.name, cfg.describe(), "padded-dense verify")
+        log.info("ECHO worker: policy %s (%s)", self.echo_policy.name, cfg.describe())
+
+    def init_attention_backends(self):
+        super().init_attention_backends()
+        self.echo_verify = resolve_verify_mode(self.echo_cfg.verify, self.target_worker.model_runner.attn_backend)
+        if self._draft_worker is not None:
+            self._draft_worker.echo_ragged = self.echo_verify == "ragged"
+        log.info("ECHO worker: %s verify", self.echo_verify)
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
-        timing = nullcontext()
-        if self.echo_probe is not None and not batch.forward_mode.is_idle():
-            timing = self.echo_probe.timed_verify(batch.seq_lens.shape[0] * self.echo_width)
+        st = getattr(self._draft_worker, "echo_step", None)
+        if batch.forward_mode.is_idle() or st is None or st.sizes is None:
+            return self._verify(batch, pp_proxy_tensors, grammar_barrier)
+        forward_tokens = target_tokens(self.echo_verify, st.sizes, self.echo_width)
+        timing = nullcontext() if self.echo_probe is None else self.echo_probe.timed_verify(forward_tokens)
         with timing:
             result = self._verify(batch, pp_proxy_tensors, grammar_barrier)
-        st = getattr(self._draft_worker, "echo_step", None)
-        if st is not None and st.sizes is not None and not batch.forward_mode.is_idle():
-            result.cap_lens = st.sizes
-            self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st.sizes)
-            self.echo_metrics.on_step(st)
+        result.cap_lens = st.sizes
+        self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st.sizes)
+        self.echo_metrics.on_step(st, forward_tokens)
         return result
 
     def _verify(self, batch, pp_proxy_tensors, grammar_barrier):

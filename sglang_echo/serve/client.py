@@ -67,7 +67,7 @@ def generate_many(
 
 def sse_events(resp: requests.Response) -> Iterator[dict[str, Any]]:
     """Parse an OpenAI-style `text/event-stream` response into JSON chunks (until [DONE])."""
-    for raw in resp.iter_lines(decode_unicode=True):
+    for raw in resp.iter_lines(chunk_size=None, decode_unicode=True):  # each chunk as it arrives
         if not raw or not raw.startswith("data:"):
             continue
         payload = raw[len("data:"):].strip()

@@ -3,7 +3,8 @@
 Metadata conventions follow sglang's in-tree CPU backend (sglang/srt/layers/attention/
 intel_amx_backend.py, `_build_extend_metadata`): in TARGET_VERIFY the batch carries no extend_*
 fields, every request extends by `spec_info.draft_token_num` tokens and `forward_batch.seq_lens`
-is the prefix length. EAGLE multi-step drafting sets `draft_decode_metadata` (see draft.py).
+is the prefix length; an ECHO verify input marked for ragged verify gives each request its own
+query count instead. EAGLE multi-step drafting sets `draft_decode_metadata` (see draft.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang_echo.integration.ragged import MARK as RAGGED_MARK
 from sglang_echo.platform.attention.paged_sdpa import causal_mask, paged_sdpa, tree_mask
 
 if TYPE_CHECKING:
@@ -33,6 +35,8 @@ class ExtendMetadata:
 
 
 class EchoTorchAttnBackend(AttentionBackend):
+    supports_ragged_verify = True  # honours the ECHO worker's per-request verify lengths
+
     def __init__(self, model_runner: ModelRunner):
         super().__init__()
         self.device = model_runner.device
@@ -52,15 +56,18 @@ class EchoTorchAttnBackend(AttentionBackend):
         if mode.is_target_verify():
             spec = forward_batch.spec_info
             n = spec.draft_token_num
-            q_lens = torch.full_like(seq_lens, n)
-            kv_lens = seq_lens + n
-            max_kv = int(kv_lens.max())
+            # Ragged verify (sglang_echo.integration.ragged): request b keeps only its first
+            # lens[b] slots, whose KV sits at prefix_b + [0, lens[b]).
+            lens = getattr(spec, RAGGED_MARK, None)
+            q_lens = torch.full_like(seq_lens, n) if lens is None else lens.to(seq_lens)
+            kv_lens = seq_lens + q_lens
+            max_q, max_kv = int(q_lens.max()), int(kv_lens.max())
             # tree_topk == 1 is a chain: plain causal visibility, no mask to gather (as the
             # in-tree CPU backend does). NGRAM (-1) and EAGLE topk>1 carry a real tree.
             tree = None
             if spec.tree_topk != 1 and spec.custom_mask is not None and spec.custom_mask.numel():
-                tree = tree_mask(spec.custom_mask, seq_lens, n, max_kv)
-            self.extend_metadata = ExtendMetadata(q_lens, kv_lens, n, max_kv, tree)
+                tree = tree_mask(spec.custom_mask, seq_lens, n, max_kv)[:, :max_q]
+            self.extend_metadata = ExtendMetadata(q_lens, kv_lens, max_q, max_kv, tree)
             return
         q_lens = forward_batch.extend_seq_lens.to(torch.int64)
         self.extend_metadata = ExtendMetadata(
