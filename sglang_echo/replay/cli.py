@@ -1,0 +1,297 @@
+"""``echo-replay``: record a trace once, replay any policy at any batch size, price it.
+
+    echo-replay record        --target DIR --drafter eagle3 --prompts humaneval,chat --out out/replay/eagle3
+    echo-replay measure-cost  --target DIR --drafter eagle3 --out cost-cpu.json
+    echo-replay run           --trace out/replay/eagle3 --cost cost-cpu.json --out results/replay
+    echo-replay validate      --trace out/replay/eagle3 --num-prompts 4
+
+See ``sglang_echo/replay/README.md`` for the trace format, the cost model and the limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from sglang_echo.core.factory import PolicyConfig
+
+DEFAULT_POLICIES = "chain,static-tree,budgeted-chain,dense-gating,fixed-threshold,echo"
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _command(argv) -> str:
+    return "echo-replay " + shlex.join(sys.argv[1:] if argv is None else argv)
+
+
+def _policy_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--policies", default=DEFAULT_POLICIES, help="names of core.factory.POLICIES or chainN")
+    ap.add_argument("--k-max", default="8x", help="batch verification cap: an integer, or Nx = N * batch size")
+    ap.add_argument("--max-depth", type=int, default=8)
+    ap.add_argument("--topk", type=int, default=10, help="static tree")
+    ap.add_argument("--total-tokens", type=int, default=60, help="static tree, root included")
+    ap.add_argument("--w-def", type=int, default=1)
+    ap.add_argument("--w-max", type=int, default=4)
+    ap.add_argument("--fixed-tau", type=float, default=0.3)
+    ap.add_argument("--calibration", type=Path, default=None, help="echo-calibrate output (default: paper gates)")
+    ap.add_argument("--max-new", type=int, default=None, help="generated tokens per stream (default: the trace's)")
+    ap.add_argument("--ignore-eos", action="store_true", help="streams run max-new tokens even past eos")
+
+
+def k_max_for(spec: str, batch: int) -> int:
+    return int(spec[:-1]) * batch if spec.endswith("x") else int(spec)
+
+
+def _policies(args, trace, batch: int) -> tuple[dict, PolicyConfig]:
+    from sglang_echo.bench.acceptance import build_policy
+
+    cfg = PolicyConfig(k_max=k_max_for(args.k_max, batch), max_depth=args.max_depth, w_def=args.w_def,
+                       w_max=args.w_max, topk=args.topk, total_tokens=args.total_tokens, fixed_tau=args.fixed_tau)
+    calib = None
+    if args.calibration is not None:
+        from sglang_echo.core.calibration_file import load_calibration
+
+        calib = load_calibration(args.calibration, drafter_kind=trace.meta.drafter)
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    return {n: build_policy(n, cfg, calib) for n in names}, cfg
+
+
+def _load_target(path: str, drafter: str, draft: Optional[str], device: str):
+    from transformers import AutoModelForCausalLM
+
+    from sglang_echo.bench.acceptance import build_drafter
+    from sglang_echo.eval import HFTarget
+
+    dev = torch.device(device)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(dev)
+    d, captured = build_drafter(drafter, Path(draft) if draft else None, model, dev)
+    return HFTarget(model, captured), d
+
+
+# -- record ----------------------------------------------------------------------------------------
+def cmd_record(args, argv) -> None:
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from sglang_echo.bench.acceptance import load_prompt_ids
+    from sglang_echo.models.prompts import load
+
+    from .measure import machine
+    from .record import assemble, record
+    from .trace import TraceMeta
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    draft = args.draft
+    if args.drafter == "eagle3" and draft is None:
+        from sglang_echo.models.drafts import SMOLLM2_EAGLE3
+
+        draft = SMOLLM2_EAGLE3
+    tok = AutoTokenizer.from_pretrained(str(args.target))
+    names, prompts = [], []
+    for s in [x.strip() for x in args.prompts.split(",") if x.strip()]:
+        names += [p.id for p in load(s, args.num_prompts)]
+        prompts += load_prompt_ids(s, args.num_prompts, tok, args.max_prompt_len)
+    target, drafter = _load_target(args.target, args.drafter, draft, args.device)
+    beams = sorted(set(_ints(args.beams)))
+    n_batches = -(-len(prompts) // args.batch)
+    bar = tqdm(total=n_batches * (args.max_new + args.depth - 1), desc="record", unit="step")
+    trees, outputs, secs = record(target, drafter, prompts, max_new=args.max_new, depth=args.depth, width=args.width,
+                                  beams=beams, max_nodes=args.max_nodes, batch=args.batch, progress=bar.update)
+    bar.close()
+    params = drafter.describe() if hasattr(drafter, "describe") else ""
+    meta = TraceMeta(drafter=args.drafter, target=str(args.target), max_new=args.max_new, depth=args.depth,
+                     width=args.width, beams=beams, max_nodes=args.max_nodes,
+                     eos_id=None if args.ignore_eos else tok.eos_token_id, draft=str(draft) if draft else None,
+                     drafter_params={"describe": params} if params else {}, prompts=names,
+                     stats={"record_seconds": secs}, command=_command(argv), machine=machine())
+    trace = assemble(meta, prompts, trees, outputs)
+    st, js = trace.save(args.out)
+    s = trace.meta.stats
+    print(f"recorded {trace.num_prompts} streams, {s['trees']} trees, {s['nodes']} nodes "
+          f"({s['mean_nodes_per_tree']:.0f}/tree, {s['pruned_nodes']} pruned by the cap) in {secs:.0f}s -> {st}, {js}")
+
+
+# -- measure-cost ----------------------------------------------------------------------------------
+def cmd_measure(args, argv) -> None:
+    from .measure import measure
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    draft = args.draft
+    if args.drafter == "eagle3" and draft is None:
+        from sglang_echo.models.drafts import SMOLLM2_EAGLE3
+
+        draft = SMOLLM2_EAGLE3
+
+    def progress(point):
+        print("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()), flush=True)
+
+    out = measure(Path(args.target), drafter=args.drafter, draft=Path(draft) if draft else None,
+                  batches=_ints(args.batches), per_request=_ints(args.tokens_per_request), frontiers=_ints(args.frontiers),
+                  catch_up_tokens=_ints(args.catch_up_tokens), prefix=args.prefix, max_tokens=args.max_tokens,
+                  max_rows=args.max_rows, reps=args.reps, device=args.device, label=args.label,
+                  command=_command(argv), progress=progress)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out} ({len(out['verify'])} verify points"
+          f"{', ' + str(len(out['draft']['forward'])) + ' draft points' if out['draft'] else ''})")
+
+
+# -- run ---------------------------------------------------------------------------------------------
+def cmd_run(args, argv) -> None:
+    from tqdm import tqdm
+
+    from .cost import CostModel
+    from .drafter import RecordedDrafter
+    from .report import comparison, markdown, print_table
+    from .simulate import replay_serving
+    from .trace import Trace
+
+    trace = Trace.load(args.trace)
+    costs = [CostModel.load(p) for p in args.cost]
+    drafter = RecordedDrafter(trace)
+    eos = None if args.ignore_eos else trace.meta.eos_id
+    batches = _ints(args.batch_sizes)
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    rows = []
+    bar = tqdm(total=len(batches) * len(names), desc="replay", unit="run")
+    for B in batches:
+        policies, cfg = _policies(args, trace, B)
+        for name, policy in policies.items():
+            bar.set_postfix_str(f"{name} B={B}")
+            t0 = time.perf_counter()
+            res = replay_serving(trace, policy, B, k_max=cfg.k_max, max_new=args.max_new, eos_id=eos,
+                                 min_tokens=args.min_tokens, min_steps=args.min_steps, drafter=drafter)
+            row = {"policy_arg": name, **res.summary(), "policy": policy.name, "replay_seconds": time.perf_counter() - t0,
+                   "throughput": [c.throughput(res, trace.meta.drafter) for c in costs]}
+            rows.append(row)
+            bar.update()
+    bar.close()
+    title = f"echo-replay run: {trace.meta.drafter} trace of {trace.num_prompts} streams, K_max {args.k_max}"
+    print_table(rows, title)
+    cmp = comparison(rows)
+    print(cmp)
+    if args.out is not None:
+        stem = args.out.with_suffix("") if args.out.suffix in (".json", ".md") else args.out
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"command": _command(argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "trace": str(args.trace),
+                "trace_meta": {k: v for k, v in vars(trace.meta).items() if k not in ("prompts",)},
+                "prompts": trace.meta.prompts, "k_max": args.k_max, "calibration": str(args.calibration) if args.calibration else None,
+                "costs": [{"label": c.label, "file": str(p), **c.meta} for c, p in zip(costs, args.cost)],
+                "args": {k: v for k, v in vars(args).items() if k != "func"}}
+        Path(f"{stem}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str) + "\n")
+        cost_note = ", ".join(f"{c.label} ({'draft priced' if c.draft_priced(trace.meta.drafter) else 'draft NOT priced'})"
+                              for c in costs)
+        Path(f"{stem}.md").write_text(f"`{meta['command']}`\n\nThroughput columns: cost model {costs[0].label if costs else '-'}; "
+                                      f"all cost models in the JSON: {cost_note}.\n\n{markdown(rows)}\n\n{cmp}\n")
+        print(f"wrote {stem}.json and {stem}.md")
+
+
+# -- validate ----------------------------------------------------------------------------------------
+def cmd_validate(args, argv) -> None:
+    from .trace import Trace
+    from .validate import validate
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    trace = Trace.load(args.trace)
+    target, drafter = _load_target(args.target or trace.meta.target, trace.meta.drafter, args.draft or trace.meta.draft,
+                                   args.device)
+    policies, cfg = _policies(args, trace, args.batch)
+    n, P = min(args.num_prompts, trace.num_prompts), trace.num_prompts
+    prompts = sorted({i * P // n for i in range(n)})  # spread over the trace's prompt sets
+    eos = None if args.ignore_eos else trace.meta.eos_id
+    rows = validate(trace, target, drafter, policies, prompts, batch=args.batch, k_max=cfg.k_max,
+                    max_new=args.max_new, eos_id=eos)
+    for r in rows:
+        print(f"{r['policy']:>16}: {'EXACT' if r['exact'] else 'DIFFERS'}  steps {r['steps']}, "
+              f"accept-mismatch steps {r['accept_mismatch_steps']}, size-mismatch steps {r['size_mismatch_steps']}, "
+              f"output mismatches {r['output_mismatch']}, committed live {r['live_committed']} / replay {r['replay_committed']}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"command": _command(argv), "trace": str(args.trace), "prompts": prompts,
+                                        "batch": args.batch, "k_max": cfg.k_max, "rows": rows}, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    if not all(r["exact"] for r in rows):
+        sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="echo-replay", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("record", help="record a trace (target greedy output + a draft tree per position)")
+    r.add_argument("--target", type=Path, required=True)
+    r.add_argument("--drafter", choices=("eagle3", "ngram"), required=True)
+    r.add_argument("--draft", type=Path, default=None, help="EAGLE-3 head (default: the shipped SmolLM2 head)")
+    r.add_argument("--prompts", default="humaneval,chat")
+    r.add_argument("--num-prompts", type=int, default=8, help="per prompt set")
+    r.add_argument("--max-prompt-len", type=int, default=None)
+    r.add_argument("--max-new", type=int, default=128)
+    r.add_argument("--depth", type=int, default=10, help="deepest recorded draft depth (>= any policy's)")
+    r.add_argument("--width", type=int, default=10, help="children asked per expanded node (>= any policy's k)")
+    r.add_argument("--beams", default="1,2,4,10,16", help="beam widths whose frontiers are expanded")
+    r.add_argument("--max-nodes", type=int, default=2048, help="node cap per tree, by path score")
+    r.add_argument("--batch", type=int, default=8, help="prompts recorded together")
+    r.add_argument("--ignore-eos", action="store_true", help="streams never stop at eos on replay")
+    r.add_argument("--device", default="cpu")
+    r.add_argument("--threads", type=int, default=0)
+    r.add_argument("--out", type=Path, required=True, help="trace stem: STEM.safetensors + STEM.json")
+    r.set_defaults(func=cmd_record)
+
+    m = sub.add_parser("measure-cost", help="time verify (and draft) forwards on this machine")
+    m.add_argument("--target", type=Path, required=True)
+    m.add_argument("--drafter", choices=("eagle3", "ngram"), default="eagle3")
+    m.add_argument("--draft", type=Path, default=None)
+    m.add_argument("--batches", default="1,8,32,64")
+    m.add_argument("--tokens-per-request", default="1,2,4,8,16", help="verify K = B * this")
+    m.add_argument("--max-tokens", type=int, default=1024, help="largest K measured")
+    m.add_argument("--frontiers", default="1,4,10,16", help="draft forward rows = B * this")
+    m.add_argument("--max-rows", type=int, default=1024)
+    m.add_argument("--catch-up-tokens", default="1,2,4")
+    m.add_argument("--prefix", type=int, default=128, help="KV prefix per request (mean prompt + half the output)")
+    m.add_argument("--reps", type=int, default=5)
+    m.add_argument("--label", default="cpu")
+    m.add_argument("--device", default="cpu")
+    m.add_argument("--threads", type=int, default=0)
+    m.add_argument("--out", type=Path, required=True)
+    m.set_defaults(func=cmd_measure)
+
+    u = sub.add_parser("run", help="replay policies at several batch sizes and model their throughput")
+    u.add_argument("--trace", type=Path, required=True)
+    u.add_argument("--cost", type=Path, action="append", default=[], help="cost curve JSON (repeatable: CPU, GPU)")
+    u.add_argument("--batch-sizes", default="1,8,32,64,128,256")
+    u.add_argument("--min-tokens", type=int, default=None, help="committed tokens per run (default: one pass of the trace)")
+    u.add_argument("--min-steps", type=int, default=32)
+    _policy_args(u)
+    u.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
+    u.set_defaults(func=cmd_run)
+
+    v = sub.add_parser("validate", help="replay == the offline engine, step for step, on trace prompts")
+    v.add_argument("--trace", type=Path, required=True)
+    v.add_argument("--target", default=None, help="default: the trace's")
+    v.add_argument("--draft", default=None, help="default: the trace's")
+    v.add_argument("--num-prompts", type=int, default=4)
+    v.add_argument("--batch", type=int, default=4)
+    v.add_argument("--device", default="cpu")
+    v.add_argument("--threads", type=int, default=0)
+    _policy_args(v)
+    v.add_argument("--out", type=Path, default=None)
+    v.set_defaults(func=cmd_validate)
+
+    args = ap.parse_args(argv)
+    args.func(args, argv)
+
+
+if __name__ == "__main__":
+    main()
