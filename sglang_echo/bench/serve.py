@@ -33,6 +33,8 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
     "ngram": ("ngram", SpecOptions(num_draft_tokens=8), {}),
     "eagle3": ("eagle3", SpecOptions(num_steps=3, eagle_topk=3, num_draft_tokens=5), {}),
     "echo": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo"}),
+    # The same ECHO trees verified padded-dense (B*W target tokens per step) instead of ragged.
+    "echo-padded": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_VERIFY": "padded"}),
     # ECHO Sec. 5.3's gating ablation: a gate at every depth / one threshold at the sweet spots.
     "echo-dense": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "dense-gating"}),
     "echo-fixed": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "fixed-threshold"}),
