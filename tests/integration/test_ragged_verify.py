@@ -26,7 +26,6 @@ from sglang_echo.integration.ragged import (
     resolve_verify_mode,
     target_tokens,
 )
-from sglang_echo.platform.attention.backend import EchoTorchAttnBackend
 from sglang_echo.platform.attention.paged_sdpa import paged_sdpa
 from tests.platform.test_ops import _random_tree_mask
 
@@ -95,7 +94,16 @@ def test_outputs_scatter_back_to_dense_rows() -> None:
     assert out.hidden_states.shape == (6, 2) and out.hidden_states[[2, 3, 5]].abs().sum() == 0
 
 
+def _backend_class():
+    # Imported in the test, not at collection: the backend imports sglang, which imports Triton,
+    # and tests/kernels must be the first to import Triton (with TRITON_INTERPRET set).
+    from sglang_echo.platform.attention.backend import EchoTorchAttnBackend
+
+    return EchoTorchAttnBackend
+
+
 def test_verify_mode_resolution() -> None:
+    EchoTorchAttnBackend = _backend_class()
     assert resolve_verify_mode("auto", EchoTorchAttnBackend) == "ragged"
     assert resolve_verify_mode("auto", object()) == "padded"
     assert resolve_verify_mode("padded", EchoTorchAttnBackend) == "padded"
@@ -122,7 +130,7 @@ def test_backend_ragged_metadata_matches_padded_attention(seed: int) -> None:
     real = torch.arange(W)[None, :] < lens[:, None]  # real nodes: slots [0, K_b); padding sees itself only
     anc = torch.where(real[:, :, None] & real[:, None, :], anc, torch.eye(W, dtype=torch.bool)[None])
     runner = SimpleNamespace(device="cpu", req_to_token_pool=None, token_to_kv_pool=None)
-    backend = EchoTorchAttnBackend(runner)
+    backend = _backend_class()(runner)
 
     def metadata(spec):
         backend.init_forward_metadata(SimpleNamespace(forward_mode=_Mode(), seq_lens=prefix, spec_info=spec))

@@ -30,6 +30,12 @@ if not torch.cuda.is_available():
     assert isinstance(_triton_kernel._tree_attn_fwd, InterpretedFunction), (
         "the Triton kernel module was imported before TRITON_INTERPRET was set"
     )
+    import triton.language.standard as _tl_standard
+
+    assert isinstance(_tl_standard.zeros, InterpretedFunction), (
+        "triton.language was imported before tests/kernels set TRITON_INTERPRET (a test module "
+        "collected earlier imports sglang at module level); import sglang inside those tests instead"
+    )
 
 
 @pytest.fixture(autouse=True)
