@@ -8,6 +8,7 @@ SUBCOMMANDS = {
     "scheduler": "sglang_echo.bench.scheduler",
     "serve": "sglang_echo.bench.serve",
     "acceptance": "sglang_echo.bench.acceptance",
+    "figures": "sglang_echo.bench.figures",
 }
 
 

@@ -7,7 +7,18 @@ every speculative configuration are checked token for token against no speculati
     echo-bench serve --configs none,ngram,eagle3,echo --concurrency 1,8,32 --max-new 64
     echo-bench serve --configs none,echo,echo-dense,echo-fixed --calibration C.json   # Sec. 5.3 ablation
 
-Writes ``<out>/serve.json`` (machine, settings, per-run figures) and ``<out>/serve.md``.
+Writes ``<out>/serve.json`` (machine, settings, per-run figures, per-request records) and
+``<out>/serve.md``, and with matplotlib ``throughput.png`` (ECHO Fig. 5's shape),
+``utilisation.png`` (Fig. 4) and ``budget.png`` (:mod:`.figures`; ``echo-bench figures DIR``
+redraws them from a ``serve.json``). Besides tokens/s and MAT every run reports:
+
+* per request (``per_request``): MAT = completion_tokens / spec_verify_ct, the draft depth
+  (ECHO: the request's mean tree depth per step, from ``meta_info["echo_tree_depth"]``; static
+  EAGLE-3: ``--speculative-num-steps``; n-gram: none) and draft utilisation u = MAT / depth
+  (ECHO Sec. 5.1; MAT includes the bonus token), summarised as median and quartiles;
+* for ECHO servers (``echo``, from the ``echo_*`` Prometheus counters before and after the
+  level): verified tokens per step (sum K_i) against K_max and the control-plane share of the
+  step time (``echo_control_seconds_total / echo_step_seconds_total``; goal: <= 3%).
 """
 
 from __future__ import annotations
@@ -16,6 +27,8 @@ import argparse
 import json
 import os
 import platform
+import re
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -25,6 +38,7 @@ from ..models.prompts import load_mixed
 from ..serve.client import Generation, generate
 from ..serve.flags import ServerOptions, SpecOptions
 from ..serve.server import SGLangServer
+from .figures import CONTROL_GOAL  # issue 8: control overhead <= 3% of step time at every batch size
 
 # name -> (spec, speculative knobs, extra environment). EAGLE-3's static tree uses the paper's
 # streamlined high-concurrency shape (depth 3, top-k 3, 5 tokens); ECHO its own defaults.
@@ -64,6 +78,9 @@ class Run:
     verify_steps: int
     lossless: bool | None = None
     startup_seconds: float | None = None
+    nominal_depth: int | None = None  # static trees' depth (EAGLE-3 num_steps); None: per request
+    per_request: list[dict] = field(default_factory=list)  # request_record() of every request
+    echo: dict | None = None  # echo_deltas() of the level (ECHO servers with metrics)
 
     @property
     def tokens_per_s(self) -> float:
@@ -74,6 +91,19 @@ class Run:
         """Tokens committed per verify step per request (sglang's accept length incl. bonus)."""
         return self.completion_tokens / self.verify_steps if self.verify_steps else None
 
+    @property
+    def utilisation(self) -> dict | None:
+        """Quartiles of the per-request u (None without any)."""
+        return quartiles([r["u"] for r in self.per_request if r.get("u") is not None])
+
+    def derived(self) -> dict:
+        u = self.utilisation or {}
+        e = self.echo or {}
+        return {"config": self.config, "concurrency": self.concurrency, "tokens_per_s": self.tokens_per_s,
+                "mat": self.mat, "u_median": u.get("median"), "u_q1": u.get("q1"), "u_q3": u.get("q3"),
+                "verified_per_step": e.get("verified_per_step"), "k_max": e.get("k_max"),
+                "control_share": e.get("control_share")}
+
 
 @dataclass
 class Report:
@@ -82,16 +112,138 @@ class Report:
     runs: list[Run] = field(default_factory=list)
 
 
-def _one_level(url: str, texts: list[str], concurrency: int, max_new: int) -> tuple[float, list[Generation]]:
-    """Send ``texts`` with ``concurrency`` clients; wall seconds and the generations."""
+def report_from_json(data: dict) -> Report:
+    """A :class:`Report` back from ``serve.json`` (older files lack the newer fields: defaults)."""
+    names = set(Run.__dataclass_fields__)
+    runs = [Run(**{k: v for k, v in r.items() if k in names}) for r in data.get("runs", [])]
+    return Report(data.get("machine", {}), data.get("settings", {}), runs)
 
-    def ask(text: str) -> Generation:
-        return generate(url, text=text, max_new_tokens=max_new, temperature=0.0)
+
+# -- per request: MAT, depth, utilisation -------------------------------------------------------
+def quartiles(values: list[float]) -> dict | None:
+    """n, mean, 5/25/50/75/95th percentiles (ECHO Fig. 4's box and whiskers); None if empty."""
+    v = sorted(float(x) for x in values)
+    if not v:
+        return None
+
+    def pct(p: float) -> float:  # linear interpolation between closest ranks
+        k = (len(v) - 1) * p
+        lo = int(k)
+        hi = min(lo + 1, len(v) - 1)
+        return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+    return {"n": len(v), "mean": statistics.fmean(v), "p5": pct(0.05), "q1": pct(0.25), "median": pct(0.5),
+            "q3": pct(0.75), "p95": pct(0.95)}
+
+
+def request_record(meta: dict, output_ids: list[int], nominal_depth: int | None = None,
+                   dataset: str | None = None, seconds: float | None = None) -> dict:
+    """One request's figures from sglang's ``meta_info``.
+
+    MAT = completion_tokens / spec_verify_ct (sglang's ``spec_accept_length``: bonus token
+    included). Depth = ``sum(meta_info["echo_tree_depth"]) / spec_verify_ct`` where the ECHO
+    worker reports it (the mean depth of the request's trees, 0 for a root-only step), else
+    ``nominal_depth``. u = MAT / depth (None without verify steps or a positive depth); as MAT
+    counts the bonus token, u can exceed 1 for shallow trees. ``u_drafts`` = accepted draft
+    tokens / drafted depth (``spec_num_correct_drafts / (depth * steps)``) leaves it out.
+    """
+    tokens = int(meta.get("completion_tokens", len(output_ids)))
+    steps = int(meta.get("spec_verify_ct", 0) or 0)
+    mat = tokens / steps if steps else None
+    depths = meta.get("echo_tree_depth")
+    depth_sum = None
+    if isinstance(depths, list):
+        depth_sum = sum(int(d) for d in depths if d is not None)
+        depth = depth_sum / steps if steps else None
+    else:
+        depth = float(nominal_depth) if nominal_depth else None
+    u = mat / depth if mat is not None and depth else None
+    correct = meta.get("spec_num_correct_drafts")
+    u_drafts = correct / (depth * steps) if correct is not None and depth and steps else None
+    rec = {"tokens": tokens, "verify_ct": steps, "mat": mat, "depth": depth, "u": u, "u_drafts": u_drafts,
+           "k_mean": meta.get("spec_cap_length")}
+    if depth_sum is not None:
+        rec["depth_sum"] = depth_sum
+    if dataset is not None:
+        rec["dataset"] = dataset
+    if seconds is not None:
+        rec["seconds"] = seconds
+    return rec
+
+
+# -- the server's echo_* counters around a level ---------------------------------------------------
+_SAMPLE = re.compile(r"^(echo_\w+)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|[+-]Inf)\s*$")
+
+
+def parse_echo_metrics(text: str) -> dict[str, float]:
+    """The unlabelled ``echo_*`` samples of a Prometheus text page (labelled ones: name{labels})."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def scrape_echo_metrics(base_url: str) -> dict[str, float]:
+    """``parse_echo_metrics`` of ``/metrics`` ({} if the server exports none or is unreachable)."""
+    import requests
+
+    try:
+        r = requests.get(base_url + "/metrics", timeout=30)
+        return parse_echo_metrics(r.text) if r.ok else {}
+    except requests.RequestException:
+        return {}
+
+
+def echo_deltas(before: dict[str, float], after: dict[str, float]) -> dict | None:
+    """What one level added to the ``echo_*`` counters: steps, verified tokens per step (sum of
+    K_i, roots included) against K_max, and seconds per phase with the control share of the
+    step time. None if the server exported no ECHO counters."""
+    if "echo_steps_total" not in after:
+        return None
+
+    def d(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    steps, timed, verified = d("echo_steps_total"), d("echo_timed_steps_total"), d("echo_verified_tokens_total")
+    step_s, control_s = d("echo_step_seconds_total"), d("echo_control_seconds_total")
+    out = {
+        "steps": steps,
+        "verified_tokens": verified,
+        "target_tokens": d("echo_target_tokens_total"),
+        "accepted_tokens": d("echo_accepted_tokens_total"),
+        "verified_per_step": verified / steps if steps else None,
+        # a max-mode gauge: the largest step since the server started, not only this level's
+        "step_verified_max": after.get("echo_step_verified_tokens_max"),
+        "k_max": after.get("echo_budget_k_max"),
+        "budget_exceeded": d("echo_budget_exceeded_total"),
+        "timed_steps": timed,
+        "control_s": control_s,
+        "draft_s": d("echo_draft_seconds_total"),
+        "verify_s": d("echo_verify_seconds_total"),
+        "step_s": step_s,
+        "control_share": control_s / step_s if step_s > 0 else None,
+        "step_ms": 1e3 * step_s / timed if timed else None,
+        "control_ms": 1e3 * control_s / timed if timed else None,
+    }
+    if out["verified_per_step"] is not None and out["k_max"]:
+        out["budget_fill"] = out["verified_per_step"] / out["k_max"]
+    return out
+
+
+def _one_level(url: str, texts: list[str], concurrency: int, max_new: int) -> tuple[float, list[Generation], list[float]]:
+    """Send ``texts`` with ``concurrency`` clients; wall seconds, the generations, each latency."""
+
+    def ask(text: str) -> tuple[Generation, float]:
+        t = time.perf_counter()
+        g = generate(url, text=text, max_new_tokens=max_new, temperature=0.0)
+        return g, time.perf_counter() - t
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         outs = list(pool.map(ask, texts))
-    return time.perf_counter() - t0, outs
+    return time.perf_counter() - t0, [g for g, _ in outs], [s for _, s in outs]
 
 
 def run(args: argparse.Namespace) -> Report:
@@ -105,7 +257,9 @@ def run(args: argparse.Namespace) -> Report:
     with_draft = {"eagle3"} | ({"echo"} if args.echo_drafter == "eagle3" else set())
     tokenizer = AutoTokenizer.from_pretrained(model)
     levels = [int(c) for c in args.concurrency.split(",")]
-    pool = [p.as_text(tokenizer) for p in load_mixed(args.per_set)]
+    prompts_all = load_mixed(args.per_set)
+    pool = [p.as_text(tokenizer) for p in prompts_all]
+    datasets = [p.dataset for p in prompts_all]
     report = Report(
         machine={"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         settings={"model": str(model), "draft": str(draft), "dtype": args.dtype, "max_new": args.max_new,
@@ -117,22 +271,47 @@ def run(args: argparse.Namespace) -> Report:
         spec, knobs, _ = CONFIGS[name]
         opts = ServerOptions(model_path=model, port=args.port, spec=spec, draft_path=draft if spec in with_draft else None,
                              spec_options=knobs, dtype=args.dtype, max_running_requests=max(levels),
-                             extra_env=tuple(echo_env(name, args).items()))
+                             enable_metrics=True, extra_env=tuple(echo_env(name, args).items()))
+        nominal = knobs.num_steps if spec == "eagle3" else None
         with SGLangServer(opts) as srv:
             _one_level(srv.base_url, pool[:2], 2, 8)  # warm-up: first-request costs are not throughput
             for c in levels:
-                prompts = (pool * (1 + (c * args.rounds) // len(pool)))[: max(c * args.rounds, c)]
-                seconds, outs = _one_level(srv.base_url, prompts, c, args.max_new)
+                n = max(c * args.rounds, c)
+                prompts = (pool * (1 + n // len(pool)))[:n]
+                sets = (datasets * (1 + n // len(datasets)))[:n]
+                before = scrape_echo_metrics(srv.base_url) if spec == "echo" else {}
+                seconds, outs, latencies = _one_level(srv.base_url, prompts, c, args.max_new)
+                after = scrape_echo_metrics(srv.base_url) if spec == "echo" else {}
                 ids = [o.output_ids for o in outs]
                 steps = sum(int(o.meta.get("spec_verify_ct", 0)) for o in outs)
                 lossless = None if name == "none" else ids == reference.get(c)
                 if name == "none":
                     reference[c] = ids
-                r = Run(name, c, len(prompts), seconds, sum(len(i) for i in ids), steps, lossless, srv.startup_seconds)
+                per_request = [request_record(o.meta, o.output_ids, nominal, ds, lat)
+                               for o, ds, lat in zip(outs, sets, latencies)]
+                r = Run(name, c, len(prompts), seconds, sum(len(i) for i in ids), steps, lossless, srv.startup_seconds,
+                        nominal, per_request, echo_deltas(before, after))
                 report.runs.append(r)
-                mat = f"{r.mat:.2f}" if r.mat else "-"
-                print(f"{name:>10} c={c:<3} {r.tokens_per_s:7.2f} tok/s  MAT {mat:>5}  lossless {lossless}", flush=True)
+                print(_progress(r), flush=True)
     return report
+
+
+def _progress(r: Run) -> str:
+    mat = f"{r.mat:.2f}" if r.mat else "-"
+    line = f"{r.config:>10} c={r.concurrency:<3} {r.tokens_per_s:7.2f} tok/s  MAT {mat:>5}  lossless {r.lossless}"
+    u = r.utilisation
+    if u:
+        line += f"  u {u['median']:.2f} [{u['q1']:.2f}-{u['q3']:.2f}]"
+    e = r.echo or {}
+    if e.get("verified_per_step") is not None:
+        line += f"  verified/step {e['verified_per_step']:.1f} (K_max {e.get('k_max') or 0:.0f})"
+    if e.get("control_share") is not None:
+        line += f"  control {100 * e['control_share']:.1f}% of {e['step_ms']:.1f} ms/step"
+    return line
+
+
+def _f(x, fmt: str = ".2f", suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{fmt}}{suffix}"
 
 
 def markdown(report: Report) -> str:
@@ -149,7 +328,86 @@ def markdown(report: Report) -> str:
         mat = f"{r.mat:.2f}" if r.mat else "-"
         startup = f"{r.startup_seconds:.0f}" if r.startup_seconds else "-"
         lines.append(f"| {r.config} | {r.concurrency} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | {startup} |")
+    for section in (utilisation_table(report.runs), budget_table(report.runs), table1(report.runs)):
+        if section:
+            lines += ["", *section]
     return "\n".join(lines) + "\n"
+
+
+def utilisation_table(runs: list[Run]) -> list[str]:
+    """Per-request draft utilisation u = MAT / depth (ECHO Fig. 4: box = quartiles, whiskers p5-p95)."""
+    rows = [r for r in runs if r.utilisation]
+    if not rows:
+        return []
+    out = [("Draft utilisation per request, u = MAT / depth (MAT includes the bonus token; depth: ECHO's "
+            "mean tree depth per step, EAGLE-3's num_steps):"), "",
+           "| config | concurrency | requests | depth (median) | u median | u q1-q3 | u p5-p95 | u mean |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        u = r.utilisation
+        depth = quartiles([x["depth"] for x in r.per_request if x.get("depth") is not None])
+        out.append(f"| {r.config} | {r.concurrency} | {u['n']} | {_f(depth and depth['median'])} | {u['median']:.2f} | "
+                   f"{u['q1']:.2f}-{u['q3']:.2f} | {u['p5']:.2f}-{u['p95']:.2f} | {u['mean']:.2f} |")
+    return out
+
+
+def budget_table(runs: list[Run]) -> list[str]:
+    """ECHO servers: verified tokens per step vs K_max, and the control plane's share of the step."""
+    rows = [r for r in runs if r.echo]
+    if not rows:
+        return []
+    out = [(f"ECHO per step (from the echo_* counters; control = gating + scheduling + packing, goal <= "
+            f"{100 * CONTROL_GOAL:.0f}% of the step):"), "",
+           ("| config | concurrency | steps | verified tokens/step | max so far | K_max | step ms | control ms | "
+            "control share | <= 3% |"),
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        e = r.echo
+        share = e.get("control_share")
+        ok = "-" if share is None else ("yes" if share <= CONTROL_GOAL else "no")
+        out.append(f"| {r.config} | {r.concurrency} | {e['steps']:.0f} | {_f(e.get('verified_per_step'), '.1f')} | "
+                   f"{_f(e.get('step_verified_max'), '.0f')} | {_f(e.get('k_max'), '.0f')} | {_f(e.get('step_ms'))} | "
+                   f"{_f(e.get('control_ms'), '.3f')} | {_f(share and 100 * share, '.2f', '%')} | {ok} |")
+    return out
+
+
+def table1(runs: list[Run]) -> list[str]:
+    """ECHO Table 1's shape at the lowest concurrency: MAT and speedup per prompt set, per config.
+
+    Speedup per set = (its tokens / its summed request latency) against ``none`` on the same
+    prompts; meaningful at concurrency 1, where requests run one at a time.
+    """
+    if not runs:
+        return []
+    c = min(r.concurrency for r in runs)
+    level = [r for r in runs if r.concurrency == c and r.per_request and "dataset" in r.per_request[0]]
+    if not level:
+        return []
+    sets = sorted({x["dataset"] for r in level for x in r.per_request})
+
+    def rate(r: Run, ds: str) -> float | None:
+        xs = [x for x in r.per_request if x.get("dataset") == ds and x.get("seconds")]
+        sec = sum(x["seconds"] for x in xs)
+        return sum(x["tokens"] for x in xs) / sec if sec else None
+
+    base = next((r for r in level if r.config == "none"), None)
+    head = "| config | " + " | ".join(f"{s} MAT | {s} speedup" for s in sets) + " | avg speedup |"
+    out = [f"Per prompt set at concurrency {c} (ECHO Table 1's shape; speedup vs none from per-request latency):", "",
+           head, "|" + " --- |" * (2 + 2 * len(sets))]
+    for r in level:
+        cells, speeds = [], []
+        for ds in sets:
+            xs = [x for x in r.per_request if x.get("dataset") == ds]
+            steps = sum(x["verify_ct"] for x in xs)
+            mat = sum(x["tokens"] for x in xs) / steps if steps else None
+            mine, ref = rate(r, ds), (rate(base, ds) if base else None)
+            sp = mine / ref if mine and ref else None
+            if sp is not None:
+                speeds.append(sp)
+            cells += [_f(mat), _f(sp, ".2f", "x")]
+        avg = statistics.fmean(speeds) if speeds else None
+        out.append(f"| {r.config} | " + " | ".join(cells) + f" | {_f(avg, '.2f', 'x')} |")
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -169,8 +427,18 @@ def main(argv: list[str] | None = None) -> None:
     report = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    data = {"command": "echo-bench serve " + " ".join(argv or []), **asdict(report),
-            "derived": [{"config": r.config, "concurrency": r.concurrency, "tokens_per_s": r.tokens_per_s, "mat": r.mat} for r in report.runs]}
+    write(report, out, "echo-bench serve " + " ".join(argv or []))
+    print(markdown(report))
+
+
+def write(report: Report, out: Path, command: str) -> list[Path]:
+    """``serve.json`` and ``serve.md`` into ``out``, and the figures (with matplotlib)."""
+    from .figures import render
+
+    data = {"command": command, **asdict(report), "derived": [r.derived() for r in report.runs]}
     (out / "serve.json").write_text(json.dumps(data, indent=2) + "\n")
     (out / "serve.md").write_text(markdown(report))
-    print(markdown(report))
+    figs = render(data, out)
+    if figs:
+        print("figures: " + ", ".join(str(f) for f in figs))
+    return figs

@@ -77,6 +77,8 @@ HOOKS: tuple[Hook, ...] = (
     Hook(_EW, "EAGLEWorkerV2.on_verify_complete_cpu", ("self", "num_correct_drafts_per_req", "batch_size"),
          "overridden (metrics)"),
     Hook(_EW, "EAGLEWorkerV2._draft_worker", None, "class-swapped to EchoDraftWorker (instance attribute)"),
+    Hook(_EW, "EAGLEWorkerV2.forward_batch_generation", ("self", "batch"),
+         "overridden by EchoWorker: times the decode step (echo_step_seconds)"),
     Hook(_EW, "EagleDraftWorker.draft", ("self", "batch", "with_topology"), "overridden by EchoDraftWorker"),
     Hook(_EW, "EagleDraftWorker.draft_forward", ("self", "forward_batch"), "replaced by the frontier drafter"),
     Hook(_EC, "prepare_for_draft",
@@ -139,6 +141,9 @@ HOOKS: tuple[Hook, ...] = (
          "overlap splice condition, as NGRAM"),
     Hook("sglang.srt.managers.schedule_batch", "Req.__init__", ("self", "rid", "origin_input_text", "origin_input_ids"),
          "req.rid / origin_input_ids_unpadded / output_ids: the drafter's history"),
+    Hook("sglang.srt.managers.schedule_batch", "Req.customized_info", None,
+         "per-token meta_info channel: echo_tree_depth (metrics.record_tree_depths)"),
+    Hook("sglang.srt.managers.schedule_batch", "ScheduleBatch.reqs", None, "the step's requests, in batch order"),
     # -- ragged verify (integration/ragged.py; registered by plugin.register) --------------------
     Hook("sglang.srt.model_executor.model_runner", "ModelRunner.forward", ("self", "forward_batch"),
          "AROUND hook: a marked TARGET_VERIFY batch runs on its real tree nodes only"),
@@ -163,13 +168,23 @@ HOOKS: tuple[Hook, ...] = (
 def _resolve(hook: Hook):
     obj = importlib.import_module(hook.module)
     for part in hook.attr.split("."):
-        if part == "_draft_worker":  # instance attribute: check the constructor assigns it
-            src = inspect.getsource(obj.__init__)
-            if "self._draft_worker" not in src:
-                raise AttributeError("EAGLEWorkerV2.__init__ no longer assigns self._draft_worker")
+        if not hasattr(obj, part) and inspect.isclass(obj):
+            _check_instance_attr(obj, part)
             return None
         obj = getattr(obj, part)
     return obj
+
+
+def _check_instance_attr(cls: type, name: str) -> None:
+    """An attribute set per instance: a dataclass field, or assigned in the constructor."""
+    if name in getattr(cls, "__dataclass_fields__", {}):
+        return
+    try:
+        if f"self.{name}" in inspect.getsource(cls.__init__):
+            return
+    except (OSError, TypeError):  # a generated constructor has no source
+        pass
+    raise AttributeError(f"{cls.__name__} instances no longer carry {name!r}")
 
 
 def check_hooks(phase: Optional[str] = None) -> list[str]:

@@ -13,13 +13,108 @@ sglang's own ``spec_cap_length`` / ``spec_cap_lens_histogram`` come from ``cap_l
 * ``echo_budget_k_max``: the configured K_max;
 * ``echo_step_verified_tokens_max``: the largest per-step sum of K_i seen;
 * ``echo_budget_exceeded_total``: steps over ``max(K_max, bs)`` (must stay 0).
+
+Step timing (seconds, wall clock on the scheduler's host thread, summed over decode steps; see
+``sglang_echo/integration/README.md`` "Metrics" for exactly what each covers):
+
+* ``echo_step_seconds_total``: the worker's whole decode step (draft + verify + accept, plus the
+  EAGLE-3 draft extend), from the worker's entry to its return;
+* ``echo_control_seconds_total``: ECHO's control plane: ``build_trees`` minus the time inside the
+  drafter's ``propose`` (gating, Algorithm 1, node bookkeeping), plus packing the trees into
+  sglang's verify layout (``to_sglang_dense``, the verify input, the ragged mark);
+* ``echo_draft_seconds_total``: the rest of drafting (draft-model forwards or n-gram lookups and
+  their setup);
+* ``echo_verify_seconds_total``: the target's verify pass with sglang's acceptance and KV commit;
+* ``echo_timed_steps_total``: steps these sums cover.
+
+Control share = ``control / step``. With CUDA, kernels launch asynchronously and these are host
+times unless ``SGLANG_ECHO_TIMING_SYNC=1`` makes the worker synchronise the device at every
+boundary (costs throughput; for measurement only). On CPU no synchronisation is needed.
+
+Per request, the ECHO workers also return ``meta_info["echo_tree_depth"]`` (through sglang's
+per-token ``customized_info`` channel): one entry per output token, each verify step's tree
+depth on the first token the step commits and 0 elsewhere, so its sum is the request's summed
+tree depth and ``sum / spec_verify_ct`` its mean depth (``SGLANG_ECHO_REQUEST_DEPTH=0`` turns it
+off).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import time
+from collections.abc import Callable, Sequence
 
 log = logging.getLogger(__name__)
+
+SYNC_ENV = "SGLANG_ECHO_TIMING_SYNC"  # "1": synchronise CUDA at every timing boundary
+DEPTH_ENV = "SGLANG_ECHO_REQUEST_DEPTH"  # "0": no per-request echo_tree_depth in meta_info
+DEPTH_KEY = "echo_tree_depth"  # meta_info / Req.customized_info key
+TIMERS = ("control", "draft", "verify", "step")
+
+
+def _noop() -> None:
+    pass
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    return default if raw == "" else raw not in ("0", "false", "no", "off")
+
+
+def timing_sync(device) -> Callable[[], None]:
+    """What the workers call at each timing boundary: ``torch.cuda.synchronize`` when
+    ``SGLANG_ECHO_TIMING_SYNC=1`` and ``device`` is a CUDA device, else a no-op (CPU work is
+    synchronous, and without the variable GPU step times are host times)."""
+    if not _env_flag(SYNC_ENV, False) or not str(device).startswith("cuda"):
+        return _noop
+    import torch
+
+    return torch.cuda.synchronize if torch.cuda.is_available() else _noop
+
+
+class TimedDrafter:
+    """A core drafter (``propose(frontier, k)``) that sums the wall seconds spent inside
+    ``propose``; ``build_trees`` time minus :attr:`seconds` is the policy's (control) time."""
+
+    def __init__(self, inner, sync: Callable[[], None] = _noop) -> None:
+        self.inner = inner
+        self.sync = sync
+        self.seconds = 0.0
+
+    def propose(self, frontier, k):
+        self.sync()  # pending policy kernels belong to control, not to the drafter
+        t = time.perf_counter()
+        try:
+            return self.inner.propose(frontier, k)
+        finally:
+            self.sync()
+            self.seconds += time.perf_counter() - t
+
+    def __getattr__(self, name):  # forwards, etc.
+        return getattr(self.inner, name)
+
+
+def record_tree_depths(reqs: Sequence, depths: Sequence[int]) -> None:
+    """Append each request's tree depth of this step to ``req.customized_info[DEPTH_KEY]``.
+
+    sglang slices ``customized_info`` per output token (``[send_offset, len(output_ids))``) into
+    ``meta_info``, so the list is kept token-aligned: zeros up to the request's current output
+    length, then this step's depth at the index of the first token the step will commit (under
+    overlap scheduling ``output_ids`` lags a step: the entry lands earlier, the sum is the same).
+    The list may end before the output does (the last step's other tokens): zeros, not sent.
+    """
+    for req, d in zip(reqs, depths):
+        info = req.customized_info
+        if info is None:
+            info = req.customized_info = {}
+        values = info.get(DEPTH_KEY)
+        if values is None:
+            values = info[DEPTH_KEY] = []
+        n = len(req.output_ids)
+        if len(values) < n:
+            values.extend([0] * (n - len(values)))
+        values.append(int(d))
 
 
 class EchoMetrics:
@@ -27,8 +122,11 @@ class EchoMetrics:
         self.cfg = cfg
         self.enabled = enabled
         self.step_max = 0
-        self.totals = {"verified": 0, "target": 0, "accepted": 0, "steps": 0, "exceeded": 0}
+        self.totals = {"verified": 0, "target": 0, "accepted": 0, "steps": 0, "exceeded": 0,
+                       "timed_steps": 0, **{f"{k}_seconds": 0.0 for k in TIMERS}}
+        self.request_depth = _env_flag(DEPTH_ENV, True)
         self._m = None
+        self._warned: set[str] = set()
         if enabled:
             try:
                 self._create()
@@ -49,6 +147,13 @@ class EchoMetrics:
             "gate_pass": Counter("echo_gate_passed", "Confidence gates passed", ["depth"]),
             "k_max": Gauge("echo_budget_k_max", "Configured K_max", multiprocess_mode="max"),
             "step_max": Gauge("echo_step_verified_tokens_max", "Largest per-step sum of K_i", multiprocess_mode="max"),
+            "timed_steps": Counter("echo_timed_steps", "Decode steps covered by the echo_*_seconds counters"),
+            "control_seconds": Counter(
+                "echo_control_seconds", "ECHO control plane: build_trees minus drafter.propose, plus packing to sglang's layout"),
+            "draft_seconds": Counter(
+                "echo_draft_seconds", "Drafting outside the control plane (draft forwards / n-gram lookups, their setup)"),
+            "verify_seconds": Counter("echo_verify_seconds", "Target verify pass with sglang's acceptance and KV commit"),
+            "step_seconds": Counter("echo_step_seconds", "Whole speculative decode step, worker entry to return"),
         }
         self._m["k_max"].set(self.cfg.k_max)
 
@@ -70,6 +175,35 @@ class EchoMetrics:
                 if e:
                     self._m["gate_eval"].labels(depth=str(d)).inc(e)
                     self._m["gate_pass"].labels(depth=str(d)).inc(p)
+
+    def on_timing(self, *, control: float, draft: float, verify: float, step: float) -> None:
+        """One decode step's wall seconds (see the module docstring); never raises."""
+        try:
+            t = self.totals
+            t["timed_steps"] += 1
+            for k, v in (("control", control), ("draft", draft), ("verify", verify), ("step", step)):
+                t[f"{k}_seconds"] += v
+            if self._m is None:
+                return
+            self._m["timed_steps"].inc()
+            for k, v in (("control", control), ("draft", draft), ("verify", verify), ("step", step)):
+                self._m[f"{k}_seconds"].inc(max(v, 0.0))  # a Counter refuses negative increments
+        except Exception as e:  # metrics must never take the server down
+            self.warn_once("timing", e)
+
+    def on_tree_depths(self, reqs, depths) -> None:
+        """Per-request tree depth of this step into ``meta_info["echo_tree_depth"]``; never raises."""
+        if not self.request_depth:
+            return
+        try:
+            record_tree_depths(reqs, depths.tolist() if hasattr(depths, "tolist") else depths)
+        except Exception as e:
+            self.warn_once("tree_depth", e)
+
+    def warn_once(self, what: str, e: Exception) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("ECHO: %s metrics failed (%s: %s); further failures are not logged", what, type(e).__name__, e)
 
     def on_accept(self, num_correct_drafts_per_req) -> None:
         n = sum(int(x) for x in num_correct_drafts_per_req) + len(num_correct_drafts_per_req)

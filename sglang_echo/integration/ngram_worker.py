@@ -19,7 +19,8 @@ and retrieve links from the mask, the target verifies the ``bs*W`` block (QLEN m
 mask elsewhere), ``eagle_sample`` accepts, and the accepted KV is moved to the front. ECHO's
 additions: ragged verify (the verify input is marked with ``K_i`` so the target forward skips the
 padding, :mod:`.ragged`), ``cap_lens = K_i`` on the result (sglang's ``spec_cap_length`` /
-histogram) and the ``echo_*`` metrics.
+histogram), the ``echo_*`` metrics (step timing: control = ``build_trees`` minus the n-gram
+lookups plus packing, see :mod:`.metrics`) and the per-request ``echo_tree_depth``.
 
 The corpus is not built (no C++ JIT, no shared corpus): ``ngram_corpus`` is a
 :class:`RequestDrafters`, which implements the three corpus calls NGRAM's generic code still
@@ -50,7 +51,7 @@ from sglang_echo.core.tree import Candidates, NodePool
 from sglang_echo.drafters.ngram import NGramDrafter
 
 from .config import EchoConfig, load_calibration_for, load_config, make_echo_policy
-from .metrics import EchoMetrics
+from .metrics import EchoMetrics, TimedDrafter, timing_sync
 from .padded import to_sglang_dense
 from .ragged import MARK, resolve_verify_mode, target_tokens
 
@@ -174,17 +175,27 @@ class NgramStep:
     gate_passed: torch.Tensor | None = None
     draft_forwards: int = 0
     pool: NodePool | None = None  # every drafted candidate (the calibration probe reads it)
+    depths: torch.Tensor | None = None  # [bs] deepest node of each request's tree
+    control_s: float = 0.0  # build_trees minus the drafters' propose, plus packing (see .metrics)
+    propose_s: float = 0.0  # inside the drafters' propose (n-gram lookups)
+    draft_s: float = 0.0  # set by the worker: its drafting phase minus control_s
+    prepare_s: float = 0.0  # set by the worker: the whole _prepare_draft_tokens
 
 
 def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Tensor, width: int):
     """ECHO trees over n-gram drafters, in NGRAM's layout: ``(tokens [bs*W] int64, mask [bs*W*W]
-    bool, step)`` (host numpy arrays, as NGRAM's corpus returns them)."""
-    drafter = BatchDrafter(drafters)
+    bool, step)`` (host numpy arrays, as NGRAM's corpus returns them). ``step.control_s`` is the
+    wall time of all this minus the drafters' ``propose`` (host work: no device sync needed)."""
+    t0 = time.perf_counter()
+    drafter = TimedDrafter(BatchDrafter(drafters))
     trees, state = build_trees(policy, drafter, roots)
     dense = to_sglang_dense(trees, torch.zeros_like(roots), width)  # positions: NGRAM rebuilds them
     step = NgramStep(dense.sizes, state.gate_evaluated, state.gate_passed, drafter.forwards, state.pool)
     tokens = dense.draft_token.to(torch.int64).numpy()
     mask = dense.tree_mask.reshape(-1).numpy()
+    step.propose_s = drafter.seconds
+    step.control_s = time.perf_counter() - t0 - drafter.seconds
+    step.depths = trees.max_depth()
     return tokens, mask, step
 
 
@@ -261,6 +272,7 @@ def _define_worker():
             self._echo_step: NgramStep | None = None
             self.echo_probe = ProbeRecorder.from_env(self.device)
             self._echo_draft_s = 0.0
+            self.echo_sync = timing_sync(self.device)
             self.echo_verify = "padded"  # until init_attention_backends: the target's backend decides
             log.info("ECHO ngram worker: policy %s (%s), W=%d, no draft model",
                      self.echo_policy.name, cfg.describe(), self.echo_width)
@@ -290,10 +302,13 @@ def _define_worker():
                 roots.append(hist[-1])  # the last committed token: its KV is written by this verify
             tokens, mask, step = build_ngram_drafts(
                 self.echo_policy, drafters, torch.tensor(roots, dtype=torch.int64), self.echo_width)
+            step.draft_s = time.perf_counter() - t0 - step.control_s  # catch-up + lookups
             self._echo_step = step
+            self.echo_metrics.on_tree_depths(batch.reqs, step.depths)
             if self.echo_probe is not None:
                 self.echo_probe.on_draft(step.pool, self.echo_policy.max_depth)
                 self._echo_draft_s = time.perf_counter() - t0
+            step.prepare_s = time.perf_counter() - t0
             return tokens, mask
 
         def _prepare_for_speculative_decoding(self, batch) -> None:
@@ -310,8 +325,13 @@ def _define_worker():
             self._echo_step = None
             t0 = time.perf_counter()
             result = super().forward_batch_generation(batch, *args, **kwargs)
+            self.echo_sync()
+            step_s = time.perf_counter() - t0
             st, self._echo_step = self._echo_step, None
             if st is not None and batch.forward_mode is not None and not batch.forward_mode.is_idle():
+                # verify: NGRAM's tree reconstruction, target verify, accept and KV move.
+                self.echo_metrics.on_timing(control=st.control_s, draft=st.draft_s,
+                                            verify=step_s - st.prepare_s, step=step_s)
                 forward_tokens = target_tokens(self.echo_verify, st.sizes, self.echo_width)
                 if self.echo_probe is not None:  # the verify pass is the step minus its drafting
                     self.echo_probe.on_verify(forward_tokens,

@@ -11,11 +11,15 @@
 * Ragged verify (:mod:`.ragged`, where the attention backend supports it): the verify input
   also carries ``K``, and the target forward runs on the ``sum K_i`` real nodes only; sglang's
   acceptance and KV commit still see the padded layout.
+* Timing (:mod:`.metrics`): ``draft()`` splits its wall time into control (``build_trees``
+  minus the drafter's ``propose``, plus packing) and drafting, ``verify()`` times the verify
+  pass, :meth:`EchoWorker.forward_batch_generation` the whole decode step.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import nullcontext
 from typing import Optional
 
@@ -31,7 +35,7 @@ from sglang_echo.core.policy import build_trees
 
 from .config import EchoConfig, load_calibration_for, load_config, make_echo_policy
 from .drafter import EagleFrontierDrafter
-from .metrics import EchoMetrics
+from .metrics import EchoMetrics, TimedDrafter, _noop, timing_sync
 from .padded import to_sglang_dense
 from .ragged import MARK, resolve_verify_mode, target_tokens
 
@@ -57,6 +61,12 @@ class EchoStepState:
         self.gate_evaluated: Optional[torch.Tensor] = None
         self.gate_passed: Optional[torch.Tensor] = None
         self.draft_forwards = 0
+        self.depths: Optional[torch.Tensor] = None  # [bs] deepest node of each request's tree
+        # Wall seconds (see .metrics): set by draft() / verify(), read once by the step.
+        self.timed = False
+        self.control_s = 0.0
+        self.draft_s = 0.0
+        self.verify_s = 0.0
 
 
 class EchoDraftWorker(EagleDraftWorker):
@@ -68,10 +78,14 @@ class EchoDraftWorker(EagleDraftWorker):
     echo_ragged: bool = False
     echo_step: EchoStepState
     echo_probe: Optional[ProbeRecorder] = None
+    echo_sync = staticmethod(_noop)  # .metrics.timing_sync(device), set by EchoWorker
+    echo_metrics = None  # the EchoWorker's EchoMetrics (per-request tree depths)
 
     def draft(self, batch, *, with_topology: bool = False):
         if with_topology:
             raise NotImplementedError("ECHO does not support pipeline parallelism (pp_size > 1)")
+        t_entry = time.perf_counter()
+        sync = self.echo_sync
         steps, W = self.speculative_num_steps, self.echo_width
         draft_input = batch.spec_info
         forward_batch, _graph, kv_loc_plan = prepare_for_draft(
@@ -90,14 +104,15 @@ class EchoDraftWorker(EagleDraftWorker):
             self.draft_attn_backend.init_forward_metadata(forward_batch)
             forward_batch.mark_forward_metadata_ready()
         out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc, bs, self.topk, steps)
-        drafter = EagleFrontierDrafter(self, forward_batch, draft_input, out_cache_loc)
+        drafter = TimedDrafter(EagleFrontierDrafter(self, forward_batch, draft_input, out_cache_loc), sync)
         roots = draft_input.bonus_tokens.reshape(bs).long()
+        sync()
+        t_build = time.perf_counter()
         trees, state = build_trees(policy, drafter, roots)
+        t_pack = time.perf_counter()  # control: [t_build, t_pack) minus propose, then packing
         st.sizes = trees.sizes.to(torch.int32)
         st.gate_evaluated, st.gate_passed = state.gate_evaluated, state.gate_passed
         st.draft_forwards = drafter.forwards
-        if self.echo_probe is not None:
-            self.echo_probe.on_draft(state.pool, policy.max_depth)
 
         verify_mask = self.target_worker.model_runner.attn_backend.verify_mask
         mode = self.tree_mask_mode if verify_mask is None else verify_mask.mode
@@ -131,6 +146,17 @@ class EchoDraftWorker(EagleDraftWorker):
             verify_input.prepared_out_cache_loc = kv_loc_plan.write_virtual
         if self.echo_ragged:
             setattr(verify_input, MARK, st.sizes)
+        sync()
+        t_end = time.perf_counter()
+        st.control_s = (t_pack - t_build - drafter.seconds) + (t_end - t_pack)
+        st.draft_s = (t_end - t_entry) - st.control_s
+        st.timed = True
+        # Bookkeeping outside the timed phases (it is in the step time): per-request depths, probe.
+        st.depths = trees.max_depth()
+        if self.echo_metrics is not None:
+            self.echo_metrics.on_tree_depths(batch.reqs, st.depths)
+        if self.echo_probe is not None:
+            self.echo_probe.on_draft(state.pool, policy.max_depth)
         return verify_input
 
 
@@ -162,6 +188,9 @@ class EchoWorker(EAGLEWorkerV2):
             # The captured draft graph returns EAGLE's organized tree; ECHO drafts eagerly.
             dw.cuda_graph_runner = None
         self.echo_metrics = EchoMetrics(cfg, enabled=bool(getattr(server_args, "enable_metrics", False)))
+        self.echo_sync = timing_sync(self.device)
+        if dw is not None:
+            dw.echo_metrics, dw.echo_sync = self.echo_metrics, self.echo_sync
         log.info("ECHO worker: policy %s (%s)", self.echo_policy.name, cfg.describe())
 
     def init_attention_backends(self):
@@ -171,14 +200,31 @@ class EchoWorker(EAGLEWorkerV2):
             self._draft_worker.echo_ragged = self.echo_verify == "ragged"
         log.info("ECHO worker: %s verify", self.echo_verify)
 
+    def forward_batch_generation(self, batch, *args, **kwargs):
+        """EAGLEWorkerV2's step; decode steps are timed whole (``echo_step_seconds``)."""
+        if batch.forward_mode.is_extend() or getattr(batch, "is_extend_in_batch", False) or batch.forward_mode.is_idle():
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        t0 = time.perf_counter()
+        result = super().forward_batch_generation(batch, *args, **kwargs)
+        self.echo_sync()
+        step_s = time.perf_counter() - t0
+        st = getattr(self._draft_worker, "echo_step", None)
+        if st is not None and st.timed:  # this step drafted (and verified) real trees
+            st.timed = False
+            self.echo_metrics.on_timing(control=st.control_s, draft=st.draft_s, verify=st.verify_s, step=step_s)
+        return result
+
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
         st = getattr(self._draft_worker, "echo_step", None)
         if batch.forward_mode.is_idle() or st is None or st.sizes is None:
             return self._verify(batch, pp_proxy_tensors, grammar_barrier)
         forward_tokens = target_tokens(self.echo_verify, st.sizes, self.echo_width)
         timing = nullcontext() if self.echo_probe is None else self.echo_probe.timed_verify(forward_tokens)
+        t0 = time.perf_counter()
         with timing:
             result = self._verify(batch, pp_proxy_tensors, grammar_barrier)
+        self.echo_sync()
+        st.verify_s = time.perf_counter() - t0
         result.cap_lens = st.sizes
         self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st.sizes)
         self.echo_metrics.on_step(st, forward_tokens)

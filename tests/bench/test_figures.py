@@ -1,0 +1,47 @@
+"""`echo-bench figures` on canned serve.json files (with and without per-request u)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from sglang_echo.bench import figures
+
+from .test_serve_report import _report
+
+pytest.importorskip("matplotlib")
+REPO = Path(__file__).resolve().parents[2]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _is_png(p: Path) -> bool:
+    return p.read_bytes()[:8] == PNG and p.stat().st_size > 5000
+
+
+def test_all_figures_from_a_full_report(tmp_path):
+    data = {"command": "echo-bench serve ...", **asdict(_report())}
+    written = figures.render(data, tmp_path)
+    assert [p.name for p in written] == ["throughput.png", "utilisation.png", "budget.png"]
+    assert all(_is_png(p) for p in written)
+
+
+def test_old_results_without_u_still_get_throughput(tmp_path):
+    src = REPO / "benchmarks/results/serve-smollm2-ragged/serve.json"
+    data = json.loads(src.read_text())
+    assert "per_request" not in data["runs"][0]
+    written = figures.render(data, tmp_path)
+    assert [p.name for p in written] == ["throughput.png"] and _is_png(written[0])
+
+
+def test_cli_redraws_next_to_serve_json(tmp_path, capsys):
+    from sglang_echo.bench.cli import main
+
+    (tmp_path / "serve.json").write_text(json.dumps({"command": "x", **asdict(_report())}))
+    main(["figures", str(tmp_path), "--markdown"])
+    out = capsys.readouterr().out
+    assert "throughput.png" in out and "serve.md" in out
+    assert _is_png(tmp_path / "utilisation.png")
+    assert "Draft utilisation per request" in (tmp_path / "serve.md").read_text()

@@ -1,0 +1,121 @@
+"""`echo-bench serve`'s bookkeeping on canned data: meta_info -> u, /metrics deltas, tables."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_echo.bench.serve import (
+    Report,
+    Run,
+    echo_deltas,
+    markdown,
+    parse_echo_metrics,
+    quartiles,
+    report_from_json,
+    request_record,
+)
+
+# What an ECHO server's /generate returns for one request: 3 verify steps with trees of depth
+# 4, 2 and 0 (root only); 1 prefill token + 7 committed by the steps.
+ECHO_META = {"completion_tokens": 8, "spec_verify_ct": 3, "spec_cap_length": 4.5, "spec_num_correct_drafts": 4,
+             "echo_tree_depth": [0, 4, 0, 0, 2, 0, None, 0]}
+
+
+def test_request_record_echo():
+    r = request_record(ECHO_META, list(range(8)), dataset="chat", seconds=0.5)
+    assert r["mat"] == pytest.approx(8 / 3)
+    assert r["depth_sum"] == 6 and r["depth"] == pytest.approx(2.0)
+    assert r["u"] == pytest.approx(8 / 3 / 2)
+    assert r["u_drafts"] == pytest.approx(4 / 6)  # accepted drafts per drafted depth, no bonus
+    assert r["k_mean"] == 4.5 and r["dataset"] == "chat" and r["seconds"] == 0.5
+
+
+def test_request_record_static_and_none():
+    eagle = request_record({"completion_tokens": 10, "spec_verify_ct": 5}, [0] * 10, nominal_depth=3)
+    assert eagle["mat"] == 2 and eagle["depth"] == 3 and eagle["u"] == pytest.approx(2 / 3)
+    plain = request_record({"completion_tokens": 10}, [0] * 10)
+    assert plain["mat"] is None and plain["u"] is None
+    roots_only = request_record({"completion_tokens": 4, "spec_verify_ct": 3, "echo_tree_depth": [0, 0, 0]}, [0] * 4)
+    assert roots_only["depth"] == 0 and roots_only["u"] is None  # no draft, no utilisation
+
+
+def test_quartiles():
+    q = quartiles([4, 1, 3, 2, 5])
+    assert (q["n"], q["median"], q["q1"], q["q3"], q["mean"]) == (5, 3, 2, 4, 3)
+    assert q["p5"] == pytest.approx(1.2) and q["p95"] == pytest.approx(4.8)
+    assert quartiles([]) is None
+
+
+PAGE = """# HELP echo_steps_total ECHO verify steps
+# TYPE echo_steps_total counter
+echo_steps_total {steps}
+echo_verified_tokens_total {verified}
+echo_target_tokens_total {verified}
+echo_accepted_tokens_total {accepted}
+echo_timed_steps_total {steps}
+echo_control_seconds_total {control}
+echo_draft_seconds_total 0.5
+echo_verify_seconds_total 1.5
+echo_step_seconds_total {step}
+echo_gate_evaluated_total{{depth="2"}} 7.0
+echo_budget_k_max 64.0
+echo_step_verified_tokens_max {vmax}
+sglang:num_running_reqs{{model_name="m"}} 3.0
+"""
+
+
+def test_metrics_deltas():
+    before = parse_echo_metrics(PAGE.format(steps=10, verified=100, accepted=30, control=0.01, step=1.0, vmax=20))
+    after = parse_echo_metrics(PAGE.format(steps=30, verified=700, accepted=90, control=0.05, step=3.0, vmax=48))
+    assert after['echo_gate_evaluated_total{depth="2"}'] == 7 and "sglang:num_running_reqs" not in str(after)
+    d = echo_deltas(before, after)
+    assert d["steps"] == 20 and d["verified_per_step"] == pytest.approx(30.0)
+    assert d["k_max"] == 64 and d["step_verified_max"] == 48 and d["budget_fill"] == pytest.approx(30 / 64)
+    assert d["control_share"] == pytest.approx(0.04 / 2.0)
+    assert d["step_ms"] == pytest.approx(100.0) and d["control_ms"] == pytest.approx(2.0)
+    assert d["draft_s"] == 0 and d["verify_s"] == 0  # unchanged counters
+    assert echo_deltas({}, {}) is None  # no ECHO counters (another algorithm, or metrics off)
+    # a server without the timing counters (older ECHO): the rest still reported
+    old = {k: v for k, v in after.items() if "seconds" not in k and "timed" not in k}
+    d = echo_deltas({}, old)
+    assert d["control_share"] is None and d["verified_per_step"] == pytest.approx(700 / 30)
+
+
+def _report() -> Report:
+    runs = []
+    for c, tps_none, tps_echo in ((1, 10.0, 12.0), (8, 40.0, 44.0)):
+        reqs = [request_record(ECHO_META | {"spec_verify_ct": 2 + i % 3}, [0] * 8, dataset=ds, seconds=1.0)
+                for i, ds in enumerate(["chat", "math", "chat", "math"])]
+        plain = [request_record({"completion_tokens": 8}, [0] * 8, dataset=r["dataset"], seconds=1.2) for r in reqs]
+        runs.append(Run("none", c, 4, 32 / tps_none, 32, 0, None, 30.0, None, plain, None))
+        echo = echo_deltas({}, parse_echo_metrics(PAGE.format(steps=20, verified=600, accepted=60, control=0.04,
+                                                              step=2.0, vmax=40)))
+        runs.append(Run("echo", c, 4, 32 / tps_echo, 32, 12, True, 31.0, None, reqs, echo))
+    return Report({"platform": "test", "cpus": 2}, {"model": "/m/SmolLM2"}, runs)
+
+
+def test_markdown_tables():
+    md = markdown(_report())
+    assert "| echo | 8 | 44.00 | 1.10x |" in md
+    assert "Draft utilisation per request" in md and "| echo | 1 | 4 |" in md
+    assert "| echo | 1 | 20 | 30.0 | 40 | 64 |" in md and "2.00% | yes |" in md
+    # Table 1's shape: per prompt set at the lowest concurrency, MAT and speedup vs none
+    assert "| config | chat MAT | chat speedup | math MAT | math speedup | avg speedup |" in md
+    assert "1.20x" in md
+
+
+def test_json_round_trip_and_old_files(tmp_path):
+    from dataclasses import asdict
+
+    rep = _report()
+    back = report_from_json(json.loads(json.dumps(asdict(rep))))
+    assert back.runs[1].utilisation == rep.runs[1].utilisation
+    assert back.runs[1].derived()["control_share"] == pytest.approx(0.02)
+    old = {"machine": {"platform": "x", "cpus": 2}, "settings": {},
+           "runs": [{"config": "none", "concurrency": 1, "requests": 2, "seconds": 1.0, "completion_tokens": 10,
+                     "verify_steps": 0, "lossless": None, "startup_seconds": 3.0}]}
+    r = report_from_json(old).runs[0]
+    assert r.per_request == [] and r.echo is None and r.utilisation is None
+    assert "Draft utilisation" not in markdown(report_from_json(old))
