@@ -7,12 +7,26 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from sglang_echo.serve.flags import ServerOptions
 from sglang_echo.serve.server import SGLangServer, find_free_port_pair
 
 STARTUP_TIMEOUT = float(os.environ.get("SGLANG_ECHO_TEST_STARTUP_TIMEOUT", "600"))
 LOG_DIR = Path(os.environ.get("SGLANG_ECHO_TEST_LOG_DIR", "/tmp/sglang-echo-test-logs"))
+# Suites of tiny random models: they run ~30x faster on one thread than on a busy multi-core box.
+ONE_THREAD_SUITES = ("drafters", "training", "eval", "replay")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(request):
+    if request.path.parent.name not in ONE_THREAD_SUITES:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def launch_test_server(ports: tuple[int, int], log_tag: str, **options) -> SGLangServer:

@@ -15,6 +15,8 @@ Policy names: ``chainN`` (a chain of depth N), ``static-tree`` (EAGLE-3's 8 step
 :data:`sglang_echo.core.factory.POLICIES` (``echo`` = ECHO with the default gating, or the
 ``--calibration`` file's). Budgeted policies share ``--k-max`` verified tokens per step over the
 batch (default ``8 * batch``). ``ar`` (plain decoding, the reference) is always the first row.
+``dart-tree`` is DART's static tree (Algorithm 1: beam 20, 25 candidates per position, 59 nodes;
+``--drafter dart`` only; ``--ngram FILE`` / ``--no-ngram`` choose DART's n-gram pruning).
 """
 
 from __future__ import annotations
@@ -117,12 +119,17 @@ def build_policy(name: str, cfg: PolicyConfig, calibration=None) -> TreePolicy:
     m = re.fullmatch(r"chain-?(\d+)", name)
     if m:
         return Chain(int(m.group(1)))
+    if name == "dart-tree":  # DART's static Algorithm 1; bound to the DART drafter in main()
+        from ..drafters.dart import DartTreePolicy
+
+        return DartTreePolicy(max_depth=cfg.max_depth)
     if name not in POLICIES:
         raise SystemExit(f"unknown policy {name!r}: use chainN or one of {', '.join(POLICIES)}")
     return make_policy(name, cfg, calibration=calibration)
 
 
-def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device):
+def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device,
+                  ngram: Optional[Path] = None, use_ngram: bool = True):
     """The drafter (imported lazily) and the target layers it reads."""
     if kind == "ngram":
         from ..drafters.ngram import NGramDrafter
@@ -139,6 +146,28 @@ def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device)
         head = Eagle3Head.load(draft, embed=embed, num_target_layers=model.config.num_hidden_layers).to(device)
         d = Eagle3Drafter(head)
         return d, tuple(getattr(d, "captured_layers", head.cfg.aux_layer_ids))
+    if kind == "dart":
+        if draft is None:
+            raise SystemExit("--drafter dart needs --draft DIR (a DART head checkpoint)")
+        from ..drafters.dart import load_dart_drafter
+        from ..drafters.ngram_trie import NGramTrieError
+
+        eos = model.config.eos_token_id
+        try:
+            d = load_dart_drafter(draft, model.get_input_embeddings().weight, model.config.num_hidden_layers, ngram=ngram,
+                                  use_ngram=use_ngram, eos_id=eos[0] if isinstance(eos, list) else eos, device=device)
+        except NGramTrieError as e:
+            raise SystemExit(f"--drafter dart: {e}") from None
+        return d, d.captured_layers
+    if kind == "dflash":
+        if draft is None:
+            raise SystemExit("--drafter dflash needs --draft DIR (a DFlash draft checkpoint)")
+        from ..drafters.dflash import load_dflash_drafter
+
+        out = model.get_output_embeddings()
+        d = load_dflash_drafter(draft, model.get_input_embeddings().weight, None if out is None else out.weight,
+                                num_target_layers=model.config.num_hidden_layers, device=device)
+        return d, d.captured_layers
     raise SystemExit(f"unknown drafter {kind!r}")
 
 
@@ -164,8 +193,11 @@ def _first_diff(a: list[int], b: list[int]) -> int:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="echo-bench acceptance", description=__doc__.splitlines()[0])
     ap.add_argument("--target", type=Path, required=True, help="HF checkpoint dir of the target")
-    ap.add_argument("--drafter", choices=("eagle3", "ngram"), required=True)
+    ap.add_argument("--drafter", choices=("eagle3", "ngram", "dart", "dflash"), required=True)
     ap.add_argument("--draft", type=Path, help="EAGLE-3 head dir (--drafter eagle3)")
+    ap.add_argument("--ngram", type=Path, default=None,
+                    help="DART n-gram trie (echo-build-ngram; default: DRAFT/ngram-trie.safetensors if present)")
+    ap.add_argument("--no-ngram", action="store_true", help="DART without n-gram pruning (the ablation)")
     ap.add_argument("--policies", default="chain6,static-tree,echo")
     ap.add_argument("--prompts", default="humaneval,chat", help="comma-separated prompt sets (models/prompts.py)")
     ap.add_argument("--num-prompts", type=int, default=20, help="per prompt set")
@@ -210,7 +242,10 @@ def main(argv: list[str] | None = None) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.target))
     model = AutoModelForCausalLM.from_pretrained(str(args.target), dtype=getattr(torch, args.dtype)).to(device)
-    drafter, captured = build_drafter(args.drafter, args.draft, model, device)
+    drafter, captured = build_drafter(args.drafter, args.draft, model, device, ngram=args.ngram, use_ngram=not args.no_ngram)
+    for p in policies.values():
+        if hasattr(p, "bind"):  # dart-tree builds its trees with the drafter itself
+            p.bind(drafter)
     target = HFTarget(model, captured)
     eos = None if args.ignore_eos else tokenizer.eos_token_id
 
@@ -268,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
             "target": str(args.target),
             "draft": str(args.draft) if args.draft else None,
             "captured_layers": list(captured),
+            "drafter_config": drafter.describe() if hasattr(drafter, "describe") else None,
             "k_max": k_max,
             "policies": {n: p.name for n, p in policies.items()},
             "eos_id": eos,

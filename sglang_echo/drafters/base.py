@@ -44,6 +44,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
 from sglang_echo.core.policy import Frontier
@@ -65,3 +66,23 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, frontier: Frontier, k: int) -> Candidates:
         """Up to ``k`` children per valid frontier slot of the active requests."""
+
+
+def check_catch_up(tokens: Sequence[Tensor], features: Sequence[Tensor] | None, batch_size: int, width: int,
+                   name: str) -> tuple[Tensor, list[Tensor]] | None:
+    """Validate a feature-reading drafter's ``catch_up`` arguments.
+
+    Returns ``(n, feats)``: each request's new-token count ([B] int64, host) and its features as
+    ``[n_i, width]``; ``None`` when no request has anything to catch up.
+    """
+    if len(tokens) != batch_size:
+        raise ValueError(f"catch_up got {len(tokens)} requests, the batch has {batch_size}")
+    n = torch.tensor([int(t.numel()) for t in tokens], dtype=torch.int64)
+    if batch_size == 0 or int(n.max()) == 0:
+        return None
+    if features is None or len(features) != batch_size:
+        raise ValueError(f"{name} needs the target features of every committed token")
+    feats = [f.reshape(-1, width) for f in features]
+    if any(f.shape[0] != int(m) for f, m in zip(feats, n)):
+        raise ValueError(f"features/tokens length mismatch: {[f.shape[0] for f in feats]} vs {n.tolist()}")
+    return n, feats

@@ -37,7 +37,7 @@ from torch.nn.utils.rnn import pad_sequence
 from sglang_echo.core.policy import Frontier
 from sglang_echo.core.tree import Candidates
 
-from .base import Drafter
+from .base import Drafter, check_catch_up
 from .eagle3_head import Eagle3Head
 
 
@@ -90,18 +90,11 @@ class Eagle3Drafter(Drafter):
     @torch.no_grad()
     def catch_up(self, tokens: Sequence[Tensor], features: Sequence[Tensor] | None) -> None:
         B, dev, head = self.batch_size, self.device, self.head
-        if len(tokens) != B:
-            raise ValueError(f"catch_up got {len(tokens)} requests, the batch has {B}")
         self._reset_step()
-        n = torch.tensor([int(t.numel()) for t in tokens], dtype=torch.int64)
-        if B == 0 or int(n.max()) == 0:
+        checked = check_catch_up(tokens, features, B, len(self.captured_layers) * head.cfg.hidden_size, "EAGLE-3")
+        if checked is None:
             return
-        if features is None or len(features) != B:
-            raise ValueError("EAGLE-3 needs the target features of every committed token")
-        width = len(self.captured_layers) * head.cfg.hidden_size
-        feats = [f.reshape(-1, width) for f in features]
-        if any(f.shape[0] != int(m) for f, m in zip(feats, n)):
-            raise ValueError(f"features/tokens length mismatch: {[f.shape[0] for f in feats]} vs {n.tolist()}")
+        n, feats = checked
         n = n.to(dev)
         tok = pad_sequence([t.reshape(-1).to(dev, torch.int64) for t in tokens], batch_first=True)  # [B, M]
         feat = pad_sequence([f.to(dev, self.dtype) for f in feats], batch_first=True)  # [B, M, 3H]

@@ -56,12 +56,31 @@ def build_eagle3(target: Path, seqs, args):
     return head, partial(ttt_loss, steps=args.ttt_steps), lambda out: head.save(out, dtype=torch.float32)
 
 
-KINDS = {"eagle3": build_eagle3}
+def build_dart(target: Path, seqs, args):
+    """(model, loss_fn, save_fn) of a DART head (``training.dart``)."""
+    from .dart import build
+
+    return build(target, seqs, args)
+
+
+
+def build_dflash(target: Path, seqs, args):
+    """(model, loss_fn, save_fn) of a DFlash block-diffusion head (``training.dflash``)."""
+    from .dflash import build
+
+    return build(target, seqs, args)
+
+
+KINDS = {"eagle3": build_eagle3, "dart": build_dart, "dflash": build_dflash}
 
 
 def layers_for(kind: str, target: Path) -> tuple[int, ...]:
     L = json.loads((target / "config.json").read_text())["num_hidden_layers"]
-    return {"eagle3": (2, L // 2, L - 3)}[kind]
+    if kind == "dflash":  # evenly spaced (z-lab layout)
+        from .dflash import captured_layers
+
+        return captured_layers(L)
+    return (2, L // 2, L - 3)  # EAGLE-3 and DART: low / mid / high
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,9 +93,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new", type=int, default=192)
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--ttt-steps", type=int, default=5)
+    ap.add_argument("--dart-depth", type=int, default=8, help="DART: shifted logits per forward (d; d-1 mask positions)")
+    ap.add_argument("--dart-gamma", type=float, default=0.6, help="DART: KL weight of output k is gamma^(k-1)")
+    ap.add_argument("--dart-teacher", choices=("target", "labels"), default="target",
+                    help="DART: KL to the target's distribution (its last layers on the captured features) or CE on the greedy labels")
+    ap.add_argument("--dart-shared-mask", action="store_true", help="DART: one mask vector for all positions (released DART layout)")
+    ap.add_argument("--block-size", type=int, default=8, help="DFlash: block size (anchor + block_size-1 masks)")
+    ap.add_argument("--draft-layers", type=int, default=2, help="DFlash: draft decoder layers")
+    ap.add_argument("--anchor-fraction", type=float, default=0.25, help="DFlash: anchors per answer token per sequence")
+    ap.add_argument("--dflash-gamma", type=float, default=None, help="DFlash: loss decay exp(-(k-1)/gamma) (default: the paper's 4/5/7 for bs 8/10/16)")
+    ap.add_argument("--mask-token-id", type=int, default=None, help="DFlash: mask token id (default: from the target's tokenizer)")
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--batch-tokens", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--warmup-steps", type=int, default=50)
     ap.add_argument("--eval-fraction", type=float, default=0.03)
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
@@ -104,13 +134,22 @@ def main(argv: list[str] | None = None) -> None:
     n_eval = max(1, int(len(seqs) * args.eval_fraction))
     eval_seqs, train_seqs = [seqs[i] for i in perm[:n_eval]], [seqs[i] for i in perm[n_eval:]]
     model, loss_fn, save_fn = KINDS[args.kind](target, train_seqs, args)
-    cfg = TrainConfig(epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
+    cfg = TrainConfig(epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens, warmup_steps=args.warmup_steps,
                       save_every=args.save_every, seed=args.seed)
     report = train(model, loss_fn, save_fn, train_seqs, eval_seqs, cfg, args.out)
     model.save(args.out, dtype=torch.bfloat16)
     report.update(kind=args.kind, target=str(target), captured_layers=list(layers), ttt_steps=args.ttt_steps,
                   draft_vocab=args.draft_vocab, train_config=asdict(cfg), prompts=args.prompts,
                   wall_seconds=round(time.time() - t0))
+    if args.kind == "dart":
+        report.update(dart_depth=args.dart_depth, dart_gamma=args.dart_gamma, dart_teacher=args.dart_teacher,
+                      dart_shared_mask=args.dart_shared_mask)
+    if args.kind == "dflash":
+        from .dflash import default_gamma
+
+        report.update(block_size=args.block_size, draft_layers=args.draft_layers, anchor_fraction=args.anchor_fraction,
+                      dflash_gamma=args.dflash_gamma or default_gamma(args.block_size),
+                      target_layer_ids=list(model.cfg.target_layer_ids), mask_token_id=model.cfg.mask_token_id)
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sglang_echo.calibration import stats
 from sglang_echo.calibration.cli import main
 from sglang_echo.integration.config import load_calibration_for, load_config
 

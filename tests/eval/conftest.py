@@ -12,14 +12,3 @@ def tiny_llama_dir(tmp_path_factory, smollm2_dir: Path) -> Path:
     from sglang_echo.models.tiny import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("eval") / "tiny-llama", smollm2_dir).path
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tiny models run ~30x faster on one thread than on a busy multi-core box."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

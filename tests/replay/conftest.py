@@ -20,15 +20,6 @@ CFG = PolicyConfig(k_max=20, max_depth=5, w_def=1, w_max=3, topk=3, total_tokens
 PROMPT_LENS = (5, 11, 8, 3, 7, 9)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run much faster on one thread on a busy box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, smollm2_dir: Path) -> Path:
     from sglang_echo.models.tiny import write_tiny_llama
