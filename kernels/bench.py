@@ -1,4 +1,4 @@
-"""Verify-attention benchmark and verify-cost curve (``python -m sglang_echo.kernels.bench``). GPU only.
+"""Verify-attention benchmark (``python -m sglang_echo.kernels.bench``). GPU only.
 
 Default mode: for batches 8..256 of ragged trees drawn from real ECHO allocations
 (``make_policy("echo")`` on the synthetic world, ``k_max = batch * --tokens-per-req``) over
@@ -8,8 +8,7 @@ Triton's achieved bandwidth (compulsory bytes: Q, O and every prefix / tree K/V 
 FlexAttention and SDPA get their K/V pre-gathered into contiguous tensors outside the timed
 region (they cannot read a slot-indexed cache), which favours them.
 
-``--verify-cost``: times a stack of Llama-3.1-8B-shaped decoder layers (random bf16 weights,
-``--layers`` of them) on a verify batch of K_total tokens, 1..4096, and writes the curve to JSON.
+The verify-cost curve of a whole target (for trace replay) is :mod:`.verify_cost`.
 
 Without CUDA it prints why and exits 0: no figure is ever estimated or faked.
 """
@@ -17,7 +16,6 @@ Without CUDA it prints why and exits 0: no figure is ever estimated or faked.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -28,22 +26,16 @@ from torch import Tensor
 from sglang_echo.core import PolicyConfig, build_trees, make_policy, pack
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
 
-from .tree_attention.metadata import ragged_rows, unpack_bits
+from .tree_attention.metadata import VerifyLayout, ragged_rows, unpack_bits
 
 
 @dataclass
-class VerifyBatch:
-    """One verify step in the kernel contract (see :mod:`.tree_attention.metadata`)."""
+class VerifyBatch(VerifyLayout):
+    """One verify step in the kernel contract (see :mod:`.tree_attention.metadata`) with its data."""
 
     q: Tensor
     k_cache: Tensor
     v_cache: Tensor
-    qo_indptr: Tensor
-    kv_indptr: Tensor
-    kv_indices: Tensor
-    tree_slots: Tensor
-    packed_mask: Tensor
-    positions: Tensor
     sm_scale: float
 
     def args(self) -> tuple:
@@ -203,87 +195,9 @@ def bench_attention(args: argparse.Namespace) -> None:
         print(" ".join(f"{str(c):>14}" for c in row))
 
 
-# ---- verify cost: a Llama-3.1-8B-shaped stack ----------------------------------------------------
-class DecoderLayer(torch.nn.Module):
-    """Llama-3.1-8B layer shapes (hidden 4096, 32/8 heads x 128, SwiGLU 14336), random weights."""
-
-    def __init__(self, hidden: int = 4096, heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
-                 inter: int = 14336, dtype: torch.dtype = torch.bfloat16, device: str = "cuda"):
-        super().__init__()
-        kw = {"dtype": dtype, "device": device}
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.qkv = torch.nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False, **kw)
-        self.o = torch.nn.Linear(heads * head_dim, hidden, bias=False, **kw)
-        self.gate_up = torch.nn.Linear(hidden, 2 * inter, bias=False, **kw)
-        self.down = torch.nn.Linear(inter, hidden, bias=False, **kw)
-        self.norm1 = torch.nn.RMSNorm(hidden, **kw)
-        self.norm2 = torch.nn.RMSNorm(hidden, **kw)
-        inv = 1.0 / (500000.0 ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-        self.register_buffer("inv_freq", inv, persistent=False)
-
-    def rope(self, x: Tensor, positions: Tensor) -> Tensor:
-        f = positions.float()[:, None] * self.inv_freq[None]
-        cos, sin = f.cos()[:, None].to(x.dtype), f.sin()[:, None].to(x.dtype)
-        x1, x2 = x[..., ::2], x[..., 1::2]
-        return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2)
-
-    def forward(self, h: Tensor, vb: VerifyBatch, k_cache: Tensor, v_cache: Tensor, plan) -> Tensor:
-        from .tree_attention.triton_kernel import tree_attention_triton
-
-        n = h.shape[0]
-        qkv = self.qkv(self.norm1(h)).view(n, self.heads + 2 * self.kv_heads, self.head_dim)
-        q = self.rope(qkv[:, : self.heads], vb.positions)
-        k = self.rope(qkv[:, self.heads: self.heads + self.kv_heads], vb.positions)
-        slots = vb.tree_slots.long()
-        k_cache[slots] = k  # as sglang does: write the tree tokens' K/V, then attend
-        v_cache[slots] = qkv[:, self.heads + self.kv_heads:]
-        a = tree_attention_triton(q, k_cache, v_cache, vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.tree_slots,
-                                  vb.packed_mask, self.head_dim ** -0.5, plan=plan)
-        h = h + self.o(a.reshape(n, -1))
-        gate, up = self.gate_up(self.norm2(h)).chunk(2, -1)
-        return h + self.down(torch.nn.functional.silu(gate) * up)
-
-
-def bench_verify_cost(args: argparse.Namespace) -> None:
-    from .tree_attention.triton_kernel import make_plan
-
-    dtype = torch.bfloat16
-    layers = [DecoderLayer(dtype=dtype) for _ in range(args.layers)]
-    caches = None
-    points = []
-    for k_total in args.k_totals:
-        batch = max(1, min(k_total, args.batch))
-        vb = make_verify_batch(batch, k_total, (args.prefix_min, args.prefix_max), 32, 8, 128, dtype, "cuda",
-                               seed=k_total)
-        s = vb.k_cache.shape[0]
-        caches = [(vb.k_cache.clone(), vb.v_cache.clone()) for _ in layers] if caches is None or \
-            caches[0][0].shape[0] < s else caches
-        n = vb.q.shape[0]
-        plan = make_plan(vb.qo_indptr, n, 8, 4, 128, max_prefix_len=args.prefix_max)
-        h0 = torch.randn(n, 4096, device="cuda", dtype=dtype)
-
-        @torch.inference_mode()
-        def step() -> Tensor:
-            h = h0
-            for layer, (kc, vc) in zip(layers, caches):
-                h = layer(h, vb, kc, vc, plan)
-            return h
-
-        ms = cuda_time_ms(step, warmup=3, iters=args.iters)
-        points.append({"k_total_cap": k_total, "num_tokens": n, "batch": batch, "prefix_tokens": vb.num_prefix,
-                       "ms": ms, "ms_per_layer": ms / args.layers})
-        print(f"K_total cap {k_total:5d}: N={n:5d} batch={batch:4d} {ms:8.3f} ms ({ms / args.layers:.3f} ms/layer)")
-    result = {"device": torch.cuda.get_device_name(), "model": "Llama-3.1-8B-shaped, random bf16 weights",
-              "layers": args.layers, "prefix_range": [args.prefix_min, args.prefix_max], "points": points}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
-
-
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     p = argparse.ArgumentParser(prog="python -m sglang_echo.kernels.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--verify-cost", action="store_true", help="time a decoder-layer stack vs K_total, write JSON")
     p.add_argument("--batches", type=ints, default=[8, 16, 32, 64, 128, 256])
     p.add_argument("--tokens-per-req", type=int, default=8, help="ECHO k_max = this x batch")
     p.add_argument("--prefix-min", type=int, default=256)
@@ -293,10 +207,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--layers", type=int, default=4, help="--verify-cost: decoder layers in the stack")
-    p.add_argument("--batch", type=int, default=64, help="--verify-cost: requests sharing K_total")
-    p.add_argument("--k-totals", type=ints, default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096])
-    p.add_argument("--out", default="verify_cost.json")
     return p.parse_args(argv)
 
 
@@ -306,10 +216,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("sglang_echo.kernels.bench: CUDA is not available on this machine; the benchmark only "
               "measures GPU kernels, so nothing was run (no figures are estimated).")
         return 0
-    if args.verify_cost:
-        bench_verify_cost(args)
-    else:
-        bench_attention(args)
+    bench_attention(args)
     return 0
 
 

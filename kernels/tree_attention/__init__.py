@@ -13,6 +13,7 @@ Only the torch-only modules are re-exported; import the Triton module explicitly
 
 from .metadata import (
     TreeAttentionPlan,
+    VerifyLayout,
     build_block_table,
     gather_kv_indices,
     lengths_to_indptr,
@@ -25,6 +26,7 @@ from .reference import tree_attention_reference
 
 __all__ = [
     "TreeAttentionPlan",
+    "VerifyLayout",
     "build_block_table",
     "gather_kv_indices",
     "lengths_to_indptr",

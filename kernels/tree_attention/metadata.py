@@ -111,6 +111,18 @@ def pack_full_mask_rows(custom_mask: Tensor, prefix_lens: Tensor, num_draft: int
 
 
 @dataclass
+class VerifyLayout:
+    """The contract's index tensors for one verify step, plus each tree token's position."""
+
+    qo_indptr: Tensor  # [B+1] int32
+    kv_indptr: Tensor  # [B+1] int32
+    kv_indices: Tensor  # [>= kv_indptr[B]] int32
+    tree_slots: Tensor  # [N] int32
+    packed_mask: Tensor  # [N, words] int32
+    positions: Tensor  # [N] (RoPE positions)
+
+
+@dataclass
 class TreeAttentionPlan:
     """How the Triton kernel splits one step's work; reusable across all layers of the step.
 

@@ -19,12 +19,14 @@ from ..core.synthetic import SyntheticDrafter, SyntheticWorld
 
 
 class _TimedDrafter:
-    def __init__(self, inner: SyntheticDrafter):
-        self.inner, self.seconds = inner, 0.0
+    def __init__(self, inner: SyntheticDrafter, sync):
+        self.inner, self.sync, self.seconds = inner, sync, 0.0
 
     def propose(self, frontier, k):
+        self.sync()
         t0 = time.perf_counter()
         out = self.inner.propose(frontier, k)
+        self.sync()
         self.seconds += time.perf_counter() - t0
         return out
 
@@ -45,21 +47,29 @@ class Timing:
         )
 
 
-def time_policy(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int, vocab: int) -> Timing:
+def time_policy(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int, vocab: int,
+                device: torch.device = torch.device("cpu")) -> Timing:
+    # On a GPU every section ends with a synchronize: host syncs inside the policy (per-depth
+    # budget reads) are part of its cost, queued kernels must not leak into the next section.
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)  # noqa: E731
     control, verify, verified = [], [], []
     for step in range(warmup + steps):
-        world = SyntheticWorld(batch, vocab=vocab, seed=step)
-        drafter = _TimedDrafter(SyntheticDrafter(world))
-        roots = torch.randint(0, vocab, (batch,), generator=torch.Generator().manual_seed(step))
-        prefix = torch.randint(16, 2048, (batch,), generator=torch.Generator().manual_seed(step + 1))
+        world = SyntheticWorld(batch, vocab=vocab, seed=step, device=device)
+        drafter = _TimedDrafter(SyntheticDrafter(world), sync)
+        roots = torch.randint(0, vocab, (batch,), generator=torch.Generator().manual_seed(step)).to(device)
+        prefix = torch.randint(16, 2048, (batch,), generator=torch.Generator().manual_seed(step + 1)).to(device)
         policy = make_policy(name, cfg)
+        sync()
         t0 = time.perf_counter()
         trees, _ = build_trees(policy, drafter, roots)
         packed = pack(trees, prefix)
+        sync()
         t1 = time.perf_counter()
         pred = world.target_argmax(trees)  # the target's output: not part of the control plane
+        sync()
         t2 = time.perf_counter()
         greedy_verify(trees, pred)
+        sync()
         t3 = time.perf_counter()
         if step >= warmup:
             control.append((t1 - t0 - drafter.seconds) * 1e3)
@@ -78,7 +88,9 @@ def main(argv: list[str] | None = None) -> None:
     # The control plane is many small tensor ops: intra-op threads only add synchronisation
     # (and collapse when the target model's threads compete for the same cores), so 1 is default.
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--device", default="cpu", help="where the policy's tensors live (cuda: as in a GPU server)")
     args = ap.parse_args(argv)
+    device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     B = args.batch
@@ -90,10 +102,11 @@ def main(argv: list[str] | None = None) -> None:
         ("static-tree", PolicyConfig(max_depth=3, topk=3, total_tokens=5)),
         ("static-tree", PolicyConfig(max_depth=8, topk=10, total_tokens=60)),
     ]
-    print(f"control plane per step, batch {B}, {args.steps} steps, torch threads {torch.get_num_threads()}")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, torch threads {torch.get_num_threads()}"
+    print(f"control plane per step, batch {B}, {args.steps} steps, {where}")
     print(f"{'policy (K_max / shape)':<34} {'ctl med':>8} {'ctl p99':>8} {'ver med':>8} {'ver p99':>8} {'verified':>10}")
     for name, cfg in cases:
-        t = time_policy(name, cfg, B, args.steps, args.warmup, args.vocab)
+        t = time_policy(name, cfg, B, args.steps, args.warmup, args.vocab, device)
         if name in ("echo", "dense-gating", "budgeted-chain"):
             t.policy = f"{t.policy} K_max={cfg.k_max} W={cfg.w_def}/{cfg.w_max}"
         print(t.row(), flush=True)

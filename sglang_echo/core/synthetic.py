@@ -35,11 +35,13 @@ class SyntheticWorld:
     """``B`` requests over a ``vocab``-token vocabulary; ``ease[b]`` in (0, 1) sets how often the
     drafter's top-1 matches the target for request b (decaying with depth)."""
 
-    def __init__(self, batch_size: int, vocab: int = 1000, seed: int = 0, ease: Tensor | None = None, decay: float = 0.9):
-        g = torch.Generator().manual_seed(seed)
-        self.vocab, self.decay = vocab, decay
-        self.req_key = torch.randint(1, _MASK, (batch_size,), generator=g)
-        self.ease = ease if ease is not None else torch.rand(batch_size, generator=g) * 0.8 + 0.15
+    def __init__(self, batch_size: int, vocab: int = 1000, seed: int = 0, ease: Tensor | None = None, decay: float = 0.9,
+                 device: torch.device | str = "cpu"):
+        g = torch.Generator().manual_seed(seed)  # drawn on the CPU: the same world on every device
+        self.vocab, self.decay, self.device = vocab, decay, torch.device(device)
+        self.req_key = torch.randint(1, _MASK, (batch_size,), generator=g).to(self.device)
+        ease = ease if ease is not None else torch.rand(batch_size, generator=g) * 0.8 + 0.15
+        self.ease = ease.to(self.device)
 
     def _top1_prob(self, req: Tensor, depth: Tensor, token: Tensor) -> Tensor:
         jitter = _uniform(_mix(self.req_key[req], depth, token, torch.full_like(token, 7))) - 0.5
@@ -49,7 +51,7 @@ class SyntheticWorld:
     def children(self, req: Tensor, depth: Tensor, token: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """Top-k children tokens ``[..., k]`` and their drafter probabilities, for nodes at ``depth``."""
         h = _mix(self.req_key[req], depth, token)
-        ranks = torch.arange(k)
+        ranks = torch.arange(k, device=token.device)
         # Distinct tokens per node: an offset walk with a step coprime to most vocabularies.
         toks = (h[..., None] + ranks * 7919) % self.vocab
         p1 = self._top1_prob(req, depth, token)
@@ -80,12 +82,13 @@ class SyntheticDrafter:
 
     def propose(self, frontier: Frontier, k: int) -> Candidates:
         B, F = frontier.slots.shape
-        req = torch.arange(B)[:, None].expand(B, F)
-        toks, probs = self.world.children(req, torch.full((B, F), frontier.depth), frontier.tokens, k)
+        dev = frontier.tokens.device
+        req = torch.arange(B, device=dev)[:, None].expand(B, F)
+        toks, probs = self.world.children(req, torch.full((B, F), frontier.depth, device=dev), frontier.tokens, k)
         valid = frontier.valid[:, :, None].expand(B, F, k)
         return Candidates(
             tokens=toks.reshape(B, F * k),
             logprob=probs.log().reshape(B, F * k),
-            parent=torch.arange(F)[None, :, None].expand(B, F, k).reshape(B, F * k),
+            parent=torch.arange(F, device=dev)[None, :, None].expand(B, F, k).reshape(B, F * k),
             valid=valid.reshape(B, F * k),
         )

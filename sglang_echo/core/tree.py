@@ -80,7 +80,7 @@ class DraftTrees:
         """Request ``i`` alone, as a batch of one (for debugging and reference checks)."""
         lo, hi = int(self.indptr[i]), int(self.indptr[i + 1])
         per_node = {f.name: getattr(self, f.name)[lo:hi] for f in fields(self) if f.name not in ("indptr", "proposal_dists")}
-        return replace(self, indptr=torch.tensor([0, hi - lo]), **per_node)
+        return replace(self, indptr=torch.tensor([0, hi - lo], device=self.indptr.device), **per_node)
 
 
 @dataclass

@@ -10,9 +10,8 @@ from sglang_echo.kernels.tree_attention import tree_attention_reference
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
-@pytest.mark.parametrize("argv", [[], ["--verify-cost", "--layers", "1"]])
-def test_no_cuda_message_and_exit_zero(argv, capsys):
-    assert bench.main(argv) == 0
+def test_no_cuda_message_and_exit_zero(capsys):
+    assert bench.main([]) == 0
     assert "CUDA is not available" in capsys.readouterr().out
 
 
