@@ -3,6 +3,11 @@
 Times gating + scheduling + packing (and, separately, verification bookkeeping) for one batch,
 excluding the drafter: the synthetic drafter's own time is measured around each ``propose`` call
 and subtracted, so the figure is what the policy adds to a real step.
+
+It also counts, in one more step, the control plane's tensor ops (views excluded) and host syncs
+(``_local_scalar_dense`` and ``nonzero``: ``int(t)``, ``bool(t)``, boolean-mask indexing). On a
+GPU each op is a kernel launch and each sync drains the launch queue, so these two counts predict
+the control plane's GPU cost on any machine.
 """
 
 from __future__ import annotations
@@ -13,22 +18,78 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core import PolicyConfig, build_trees, greedy_verify, make_policy, pack
 from ..core.synthetic import SyntheticDrafter, SyntheticWorld
 
 
+_aten = torch.ops.aten
+SYNC_OPS = (_aten._local_scalar_dense, _aten.nonzero)  # a device -> host read each
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the tensor ops (views excluded: they launch nothing) and host syncs run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = self.syncs = 0
+        self.paused = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused:
+            self.ops += not func.is_view
+            self.syncs += func.overloadpacket in SYNC_OPS
+        return func(*args, **(kwargs or {}))
+
+
 class _TimedDrafter:
     def __init__(self, inner: SyntheticDrafter, sync):
         self.inner, self.sync, self.seconds = inner, sync, 0.0
+        self.counter: OpCounter | None = None  # paused while the drafter runs
 
     def propose(self, frontier, k):
+        if self.counter is not None:
+            self.counter.paused = True
         self.sync()
         t0 = time.perf_counter()
         out = self.inner.propose(frontier, k)
         self.sync()
         self.seconds += time.perf_counter() - t0
+        if self.counter is not None:
+            self.counter.paused = False
         return out
+
+
+@dataclass
+class Step:
+    """One synthetic batch, ready for :meth:`control_plane`."""
+
+    world: SyntheticWorld
+    drafter: _TimedDrafter
+    roots: torch.Tensor
+    prefix: torch.Tensor
+    policy: object
+
+    @classmethod
+    def make(cls, name: str, cfg: PolicyConfig, batch: int, vocab: int, seed: int, device: torch.device, sync) -> "Step":
+        world = SyntheticWorld(batch, vocab=vocab, seed=seed, device=device)
+        roots = torch.randint(0, vocab, (batch,), generator=torch.Generator().manual_seed(seed)).to(device)
+        prefix = torch.randint(16, 2048, (batch,), generator=torch.Generator().manual_seed(seed + 1)).to(device)
+        return cls(world, _TimedDrafter(SyntheticDrafter(world), sync), roots, prefix, make_policy(name, cfg))
+
+    def control_plane(self):
+        """Gating + scheduling (the drafter's own time is measured apart) + packing."""
+        trees, _ = build_trees(self.policy, self.drafter, self.roots)
+        return trees, pack(trees, self.prefix)
+
+
+def count_control_ops(step: Step) -> tuple[int, int]:
+    """(tensor ops, host syncs) of one step's control plane, drafter excluded."""
+    counter = step.drafter.counter = OpCounter()
+    with counter:
+        step.control_plane()
+    return counter.ops, counter.syncs
 
 
 @dataclass
@@ -37,13 +98,15 @@ class Timing:
     control_ms: list[float]
     verify_ms: list[float]
     verified_tokens: float
+    ops: int = 0  # tensor ops (views excluded) of one step's control plane
+    syncs: int = 0  # host syncs among them
 
     def row(self) -> str:
         c, v = sorted(self.control_ms), sorted(self.verify_ms)
         p99 = lambda xs: xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]  # noqa: E731
         return (
             f"{self.policy:<34} {statistics.median(c):8.2f} {p99(c):8.2f} "
-            f"{statistics.median(v):8.2f} {p99(v):8.2f} {self.verified_tokens:10.0f}"
+            f"{statistics.median(v):8.2f} {p99(v):8.2f} {self.verified_tokens:10.0f} {self.ops:6d} {self.syncs:6d}"
         )
 
 
@@ -53,30 +116,25 @@ def time_policy(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: in
     # budget reads) are part of its cost, queued kernels must not leak into the next section.
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)  # noqa: E731
     control, verify, verified = [], [], []
-    for step in range(warmup + steps):
-        world = SyntheticWorld(batch, vocab=vocab, seed=step, device=device)
-        drafter = _TimedDrafter(SyntheticDrafter(world), sync)
-        roots = torch.randint(0, vocab, (batch,), generator=torch.Generator().manual_seed(step)).to(device)
-        prefix = torch.randint(16, 2048, (batch,), generator=torch.Generator().manual_seed(step + 1)).to(device)
-        policy = make_policy(name, cfg)
+    for seed in range(warmup + steps):
+        step = Step.make(name, cfg, batch, vocab, seed, device, sync)
         sync()
         t0 = time.perf_counter()
-        trees, _ = build_trees(policy, drafter, roots)
-        packed = pack(trees, prefix)
+        trees, _ = step.control_plane()
         sync()
         t1 = time.perf_counter()
-        pred = world.target_argmax(trees)  # the target's output: not part of the control plane
+        pred = step.world.target_argmax(trees)  # the target's output: not part of the control plane
         sync()
         t2 = time.perf_counter()
         greedy_verify(trees, pred)
         sync()
         t3 = time.perf_counter()
-        if step >= warmup:
-            control.append((t1 - t0 - drafter.seconds) * 1e3)
+        if seed >= warmup:
+            control.append((t1 - t0 - step.drafter.seconds) * 1e3)
             verify.append((t3 - t2) * 1e3)
             verified.append(trees.num_nodes)
-        del packed
-    return Timing(policy.name, control, verify, statistics.mean(verified))
+    ops, syncs = count_control_ops(Step.make(name, cfg, batch, vocab, warmup + steps, device, sync))
+    return Timing(step.policy.name, control, verify, statistics.mean(verified), ops, syncs)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,10 +162,11 @@ def main(argv: list[str] | None = None) -> None:
     ]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, torch threads {torch.get_num_threads()}"
     print(f"control plane per step, batch {B}, {args.steps} steps, {where}")
-    print(f"{'policy (K_max / shape)':<34} {'ctl med':>8} {'ctl p99':>8} {'ver med':>8} {'ver p99':>8} {'verified':>10}")
+    print(f"{'policy (K_max / shape)':<34} {'ctl med':>8} {'ctl p99':>8} {'ver med':>8} {'ver p99':>8} {'verified':>10} {'ops':>6} {'syncs':>6}")
     for name, cfg in cases:
         t = time_policy(name, cfg, B, args.steps, args.warmup, args.vocab, device)
         if name in ("echo", "dense-gating", "budgeted-chain"):
             t.policy = f"{t.policy} K_max={cfg.k_max} W={cfg.w_def}/{cfg.w_max}"
         print(t.row(), flush=True)
-    print("ctl = gating + scheduling + packing (drafter excluded); ver = greedy tree verification; ms")
+    print("ctl = gating + scheduling + packing (drafter excluded); ver = greedy tree verification; ms;")
+    print("ops / syncs = tensor ops (views excluded) / host syncs of one step's control plane (GPU launches / stalls)")

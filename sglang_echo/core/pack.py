@@ -11,7 +11,8 @@ to the request's cached prefix plus its own ancestors in the tree. :func:`pack` 
   ``retrieve_next_token`` (first child) and ``retrieve_next_sibling`` (next sibling), ``[B, W]``;
 * a padded view ``[B, W]`` (W = widest tree, or a fixed cap) for engines that need equal widths.
 
-Everything is built with batched tensor ops; the only Python loops run over tree depth.
+Everything is built with batched tensor ops and at most two host syncs (the widest tree, and the
+size of the ragged ``tree_mask``); the only Python loop runs ``ceil(log2 W)`` times.
 """
 
 from __future__ import annotations
@@ -57,9 +58,10 @@ class PackedBatch:
 def pad_trees(trees: DraftTrees, prefix_lens: Tensor, width: Optional[int] = None) -> PaddedTrees:
     """Scatter the CSR batch into ``[B, W]`` slots (slot = local node index)."""
     B, sizes = trees.batch_size, trees.sizes
-    W = int(sizes.max()) if width is None else width
-    if B and int(sizes.max()) > W:
-        raise ValueError(f"a tree has {int(sizes.max())} nodes, more than the padded width {W}")
+    widest = int(sizes.max()) if B else 0  # one host sync: W, or the check that W holds every tree
+    W = widest if width is None else width
+    if widest > W:
+        raise ValueError(f"a tree has {widest} nodes, more than the padded width {W}")
     req, loc = trees.request_of_node, trees.local_index
     dev = trees.tokens.device
 
@@ -76,31 +78,41 @@ def pad_trees(trees: DraftTrees, prefix_lens: Tensor, width: Optional[int] = Non
         parents=parents,
         depth=depth,
         positions=torch.where(valid, prefix_lens.reshape(B, 1) + depth, torch.zeros_like(depth)),
-        mask=ancestor_mask(parents, valid, int(trees.depth.max()) if trees.num_nodes else 0),
+        mask=ancestor_mask(parents, valid),
         valid=valid,
     )
 
 
-def ancestor_mask(parents: Tensor, valid: Tensor, max_depth: int) -> Tensor:
-    """``mask[b, j, k]`` iff slot k is slot j or one of its ancestors (pointer jumping by depth)."""
+def ancestor_mask(parents: Tensor, valid: Tensor) -> Tensor:
+    """``mask[b, j, k]`` iff slot k is slot j or one of its ancestors.
+
+    Rows are int64 bitsets (``ceil(W/64)`` words) built by pointer doubling: after round ``t`` a
+    row holds every ancestor closer than ``2^t`` and ``jump`` points ``2^t`` levels up, so row
+    ``j`` ORs in the row of ``jump[j]``. ``ceil(log2 W)`` rounds (known from the shape, not the
+    data) reach every ancestor without a host sync.
+    """
     B, W = parents.shape
-    mask = torch.diag_embed(valid)
-    cur = parents
-    for _ in range(max_depth):
-        has = cur >= 0
-        if not bool(has.any()):
-            break
-        b, j = has.nonzero(as_tuple=True)
-        mask[b, j, cur[b, j]] = True
-        cur = torch.where(has, parents.gather(1, cur.clamp(min=0)), cur)
-    return mask
+    words = max(-(-W // 64), 1)
+    dev = parents.device
+    one_bit = torch.bitwise_left_shift(torch.ones(64, dtype=torch.int64, device=dev), torch.arange(64, device=dev))
+    own = torch.eye(words * 64, W, dtype=torch.int64, device=dev).T.reshape(W, words, 64)  # slot j's bit
+    bits = torch.where(valid[:, :, None], (own * one_bit).sum(-1), 0)  # [B, W, words]; bit 63 is the sign
+    jump = parents
+    for _ in range(max(W - 1, 1).bit_length()):
+        has = jump >= 0
+        up = jump.clamp(min=0)
+        bits = bits | torch.where(has[:, :, None], bits.gather(1, up[:, :, None].expand(B, W, words)), 0)
+        jump = torch.where(has, jump.gather(1, up), jump)
+    cols = [(bits[:, :, w, None] & one_bit[: min(64, W - 64 * w)]) != 0 for w in range(words)]
+    return torch.cat(cols, 2) if words > 1 else cols[0]
 
 
 def child_links(parents: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     """SGLang's ``retrieve_next_token`` / ``retrieve_next_sibling`` from padded parents.
 
     Children are listed in ascending slot order: a node's first child is its smallest child slot,
-    and each child's next sibling the next larger slot with the same parent.
+    and each child's next sibling the next larger slot with the same parent. Sync-free: every slot
+    takes part in the sort (non-children last), and writes that do not apply go to a spare cell.
     """
     B, W = parents.shape
     dev = parents.device
@@ -109,19 +121,19 @@ def child_links(parents: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     # Sort children by (request, parent, slot): consecutive entries of one group are siblings.
     key = (torch.arange(B, device=dev)[:, None] * (W + 1) + parents + 1) * W + slot
     key = torch.where(is_child, key, torch.full_like(key, torch.iinfo(torch.int64).max))
-    flat_order = key.flatten().argsort()
-    n = int(is_child.sum())
-    order = flat_order[:n]
+    order = key.flatten().argsort()
     b, s = order // W, order % W
+    child = is_child.flatten()[order]
     p = parents[b, s]
-    next_sibling = torch.full((B, W), -1, dtype=torch.int64, device=dev)
-    same = (b[1:] == b[:-1]) & (p[1:] == p[:-1])
-    next_sibling[b[:-1][same], s[:-1][same]] = s[1:][same]
-    first = torch.ones(n, dtype=torch.bool, device=dev)
-    first[1:] = ~same
-    next_token = torch.full((B, W), -1, dtype=torch.int64, device=dev)
-    next_token[b[first], p[first]] = s[first]
-    return next_token, next_sibling
+    same = child[1:] & child[:-1] & (b[1:] == b[:-1]) & (p[1:] == p[:-1])
+    spare = B * W
+    next_sibling = torch.full((spare + 1,), -1, dtype=torch.int64, device=dev)
+    next_sibling[torch.where(same, order[:-1], spare)] = s[1:]
+    first = child.clone()
+    first[1:] &= ~same
+    next_token = torch.full((spare + 1,), -1, dtype=torch.int64, device=dev)
+    next_token[torch.where(first, b * W + p.clamp(min=0), spare)] = s
+    return next_token[:spare].view(B, W), next_sibling[:spare].view(B, W)
 
 
 def pack_bits(mask: Tensor) -> Tensor:
@@ -140,19 +152,20 @@ def pack(trees: DraftTrees, prefix_lens: Tensor, width: Optional[int] = None) ->
     """Build the ragged and padded verify layouts of ``trees`` (see the module docstring)."""
     padded = pad_trees(trees, prefix_lens, width)
     B, W = padded.valid.shape
+    req, loc = trees.request_of_node, trees.local_index  # the valid slots, in CSR order
     pair = padded.valid[:, :, None] & padded.valid[:, None, :]
     sizes = trees.sizes
     mask_indptr = torch.zeros(B + 1, dtype=torch.int64, device=sizes.device)
     mask_indptr[1:] = (sizes * sizes).cumsum(0)
     next_token, next_sibling = child_links(padded.parents, padded.valid)
     retrieve_index = torch.full((B, W), -1, dtype=torch.int64, device=sizes.device)
-    retrieve_index[trees.request_of_node, trees.local_index] = torch.arange(trees.num_nodes, device=sizes.device)
+    retrieve_index[req, loc] = torch.arange(trees.num_nodes, device=sizes.device)
     return PackedBatch(
         qo_indptr=trees.indptr.clone(),
-        positions=padded.positions[padded.valid],
+        positions=padded.positions[req, loc],
         tree_mask=padded.mask[pair],
         mask_indptr=mask_indptr,
-        packed_mask=pack_bits(padded.mask[padded.valid]),
+        packed_mask=pack_bits(padded.mask[req, loc]),
         retrieve_index=retrieve_index,
         retrieve_next_token=next_token,
         retrieve_next_sibling=next_sibling,

@@ -61,7 +61,7 @@ class BuildState:
     frontier_slots: Tensor = None  # [B, F]
     frontier_source: Tensor = None  # [B, F]
     active: Tensor = None  # [B] bool
-    budget: int = 0  # draft tokens still allowed this step (budgeted policies)
+    budget: int | Tensor = 0  # draft tokens still allowed this step (budgeted policies; ECHO: 0-d tensor)
     gate_evaluated: Tensor = None  # [max_depth + 1] gates evaluated per depth
     gate_passed: Tensor = None  # [max_depth + 1] gates passed per depth
     extra: dict = field(default_factory=dict)
@@ -143,7 +143,7 @@ def take_top(slots: Tensor, order: Tensor, n: Tensor, width: int) -> tuple[Tenso
     return chosen, torch.where(mask, cols, torch.full_like(cols, -1))
 
 
-def grant_in_priority(want: Tensor, priority: Tensor, budget: int) -> Tensor:
+def grant_in_priority(want: Tensor, priority: Tensor, budget: int | Tensor) -> Tensor:
     """Hand out ``budget`` tokens to requests in descending ``priority``, each up to ``want``.
 
     The vectorised form of Alg. 1's ``for i in active_set if budget > 0`` loop: a prefix sum

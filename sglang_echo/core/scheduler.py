@@ -54,14 +54,16 @@ class ElasticPolicy(TreePolicy):
         self.max_depth = config.max_depth
         # W_max children per frontier node, so even the root's depth can be widened to W_max.
         self.children_per_node = config.w_max
-        self._tau = gating.threshold_table(config.max_depth)
-        self._gated = torch.zeros(config.max_depth + 1, dtype=torch.bool)
-        self._gated[[d for d in gating.depths if d <= config.max_depth]] = True
+        # Host-side tables: reading them never waits for the device.
+        self._tau = gating.threshold_table(config.max_depth).tolist()
+        self._gated = [d in gating.depths for d in range(config.max_depth + 1)]
 
     def start(self, roots: Tensor) -> BuildState:
         state = super().start(roots)
         B, dev = roots.numel(), roots.device
-        state.budget = max(self.config.k_max - B, 0)
+        # The budget stays on the device: the step's only host syncs are the loop's "any request
+        # still active?" per depth and the final compaction (GPU launch queues never drain here).
+        state.budget = torch.tensor(max(self.config.k_max - B, 0), device=dev)
         state.active &= state.budget > 0
         state.extra.update(
             trunc_slots=torch.full((B, self.config.w_max), -1, dtype=torch.int64, device=dev),
@@ -80,17 +82,17 @@ class ElasticPolicy(TreePolicy):
         order, n_valid = ranked(score, valid)
         has_cands = state.active & (n_valid > 0)
 
-        gated = bool(self._gated[d])
-        passed = has_cands & (conf >= float(self._tau[d])) if gated else has_cands  # Eq. 7
+        gated = self._gated[d]
+        passed = has_cands & (conf >= self._tau[d]) if gated else has_cands  # Eq. 7
         if gated:
             failed = has_cands & ~passed
-            state.gate_evaluated[d] += int(has_cands.sum())
-            state.gate_passed[d] += int(passed.sum())
+            state.gate_evaluated[d] += has_cands.sum()
+            state.gate_passed[d] += passed.sum()
 
         # Priority 1: depth for passing requests, most confident first, within the budget.
         want = torch.where(passed, n_valid.clamp(max=cfg.w_def), torch.zeros_like(n_valid))
         grant = grant_in_priority(want, torch.where(passed, conf, torch.full_like(conf, -1.0)), state.budget)
-        state.budget -= int(grant.sum())
+        state.budget = state.budget - grant.sum()
         kept, kept_cols = take_top(slots, order, grant, cfg.w_def)
         pool.mark(kept, kept >= 0)
         state.set_frontier(kept, kept_cols)
@@ -108,14 +110,14 @@ class ElasticPolicy(TreePolicy):
         state.depth = d
 
     def finish(self, state: BuildState) -> DraftTrees:
-        # Priority 2 runs only here, after no request can deepen any more.
+        # Priority 2 runs only here, after no request can deepen any more (unconditionally: with
+        # no budget left or nothing truncated every grant is 0, and no host sync is needed).
         ex, w_max = state.extra, self.config.w_max
-        if state.budget > 0 and bool(ex["truncated"].any()):
-            avail = (ex["trunc_slots"] >= 0).sum(1)
-            want = torch.where(ex["truncated"], avail.clamp(max=w_max), torch.zeros_like(avail))
-            grant = grant_in_priority(want, torch.where(ex["truncated"], ex["trunc_conf"], -1.0), state.budget)
-            state.budget -= int(grant.sum())
-            cols = torch.arange(w_max, device=grant.device)[None, :]
-            state.pool.mark(ex["trunc_slots"], cols < grant[:, None])
-            ex["widened"] = grant
+        avail = (ex["trunc_slots"] >= 0).sum(1)
+        want = torch.where(ex["truncated"], avail.clamp(max=w_max), torch.zeros_like(avail))
+        grant = grant_in_priority(want, torch.where(ex["truncated"], ex["trunc_conf"], -1.0), state.budget)
+        state.budget = state.budget - grant.sum()
+        cols = torch.arange(w_max, device=grant.device)[None, :]
+        state.pool.mark(ex["trunc_slots"], cols < grant[:, None])
+        ex["widened"] = grant
         return state.pool.compact()

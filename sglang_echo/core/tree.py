@@ -172,14 +172,16 @@ class NodePool:
         indptr = torch.zeros(self.batch_size + 1, dtype=torch.int64, device=keep.device)
         indptr[1:] = counts.cumsum(0)
         dists = torch.cat(self._dists, 0) if self._dists else None
+        kept = keep.flatten().nonzero().squeeze(1)  # the step's one data-dependent size (one host sync)
+        take = lambda t: t.flatten()[kept]  # noqa: E731
         return DraftTrees(
             indptr=indptr,
-            tokens=self.tokens[keep],
-            parents=parent_local[keep],
-            depth=self.depth[keep],
-            logprob=self.logprob[keep],
-            path_score=self.score[keep],
-            drafter=self.drafter[keep],
-            proposal=self.proposal[keep],
+            tokens=take(self.tokens),
+            parents=take(parent_local),
+            depth=take(self.depth),
+            logprob=take(self.logprob),
+            path_score=take(self.score),
+            drafter=take(self.drafter),
+            proposal=take(self.proposal),
             proposal_dists=dists,
         )

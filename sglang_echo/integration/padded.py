@@ -43,9 +43,7 @@ def to_sglang_dense(trees: DraftTrees, seq_lens: Tensor, width: int, full_mask: 
     dev = trees.tokens.device
     seq_lens = seq_lens.to(dev).long()
     sizes = trees.sizes
-    if B and int(sizes.max()) > W:
-        raise ValueError(f"ECHO built a tree of {int(sizes.max())} nodes, wider than the verify width W={W}")
-    padded = pad_trees(trees, seq_lens, W)
+    padded = pad_trees(trees, seq_lens, W)  # refuses a tree wider than W
     valid = padded.valid
     roots = trees.tokens[trees.indptr[:-1]]
     tokens = torch.where(valid, padded.tokens, roots[:, None].expand(B, W))
@@ -54,13 +52,7 @@ def to_sglang_dense(trees: DraftTrees, seq_lens: Tensor, width: int, full_mask: 
     mask = padded.mask | (eye & ~valid[:, :, None])  # padding rows: diagonal only
     next_token, next_sibling = child_links(padded.parents, valid)
     retrieve_index = torch.arange(B * W, device=dev, dtype=torch.int64).view(B, W)
-    if full_mask:
-        custom_mask = torch.cat(
-            [torch.cat([torch.ones(W, int(L), dtype=torch.bool, device=dev), mask[b]], 1).flatten()
-             for b, L in enumerate(seq_lens.tolist())]
-        ) if B else torch.empty(0, dtype=torch.bool, device=dev)
-    else:
-        custom_mask = mask.flatten()
+    custom_mask = full_prefix_rows(mask, seq_lens) if full_mask else mask.flatten()
     return DenseVerifyTensors(
         draft_token=tokens.flatten(),
         positions=positions.flatten(),
@@ -72,3 +64,21 @@ def to_sglang_dense(trees: DraftTrees, seq_lens: Tensor, width: int, full_mask: 
         valid=valid,
         sizes=sizes.to(torch.int32),
     )
+
+
+def full_prefix_rows(mask: Tensor, seq_lens: Tensor) -> Tensor:
+    """FULL_MASK layout: request ``b``'s ``W`` rows, each ``[L_b ones | mask[b, j]]``, concatenated.
+
+    Built as one all-ones buffer with the tree blocks scattered in (no per-request loop); the
+    total length is the one host read.
+    """
+    B, W, _ = mask.shape
+    row = seq_lens + W  # [B] row length per request
+    start = torch.zeros_like(row)
+    start[1:] = (W * row).cumsum(0)[:-1]
+    total = int((W * row).sum()) if B else 0
+    out = torch.ones(total, dtype=torch.bool, device=mask.device)
+    ar = torch.arange(W, device=mask.device)
+    idx = (start + seq_lens)[:, None, None] + ar[None, :, None] * row[:, None, None] + ar[None, None, :]
+    out[idx.flatten()] = mask.flatten()
+    return out
