@@ -57,6 +57,10 @@ class Sweep:
     prompts_per_set: int = 40
     request_timeout: float = 600.0
     flush_cache: bool = True
+    # After the time limit users start nothing new and their requests in flight may finish for
+    # this long. Without it a slow level would count only the requests that happen to end inside
+    # the window (the short ones), overstating latency's floor and understating tokens/s.
+    drain_seconds: int = 180
 
     def files(self, users: int) -> LevelFiles:
         stem = self.out / f"users_{users:03d}"
@@ -88,7 +92,7 @@ def locust_command(sweep: Sweep, users: int) -> list[str]:
         "--host", sweep.host,
         # Every user starts at once: a level measures steady concurrency, not a ramp.
         "--users", str(users), "--spawn-rate", str(users),
-        "--run-time", f"{sweep.level_seconds}s",
+        "--run-time", f"{sweep.level_seconds}s", "--stop-timeout", str(sweep.drain_seconds),
         # --only-summary: no stats table every few seconds in the log; locust appends ".json".
         "--only-summary", "--json-file", str(files.locust_stats.with_suffix("")),
         # Failed requests are data here, not a reason for locust to report failure.
@@ -118,7 +122,7 @@ def run_level(sweep: Sweep, users: int, progress: Progress | None = None) -> Lev
     task: TaskID | None = None
     if progress is not None:
         task = progress.add_task(f"{users:>4} users", total=sweep.level_requests)
-    deadline = time.monotonic() + sweep.level_seconds + GRACE_S
+    deadline = time.monotonic() + sweep.level_seconds + sweep.drain_seconds + GRACE_S
     with open(log, "w", encoding="utf-8") as log_fh:
         # cwd: locust puts the working directory on sys.path, which makes `loadtests` importable.
         proc = subprocess.Popen(locust_command(sweep, users), cwd=REPO_ROOT, stdout=log_fh,
@@ -127,7 +131,7 @@ def run_level(sweep: Sweep, users: int, progress: Progress | None = None) -> Lev
             while proc.poll() is None:
                 if time.monotonic() > deadline:
                     raise LevelFailed(f"{users} users: locust still running {GRACE_S:.0f}s after "
-                                      f"the level's time limit (log: {log})")
+                                      f"the level's time limit and drain (log: {log})")
                 if task is not None:
                     progress.update(task, completed=_count_lines(samples))
                 time.sleep(POLL_S)

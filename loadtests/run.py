@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-cache", action="store_true",
                    help="do not flush sglang's prefix cache before each level")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds without data per request")
+    p.add_argument("--drain-seconds", type=int, default=180,
+                   help="after the time limit, how long requests in flight may still finish (default 180)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default out/loadtest/<time>)")
     p.add_argument("--smoke", action="store_true",
                    help=f"tiny sweep {SMOKE} that fails on any request error (for CI)")
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                   level_requests=args.level_requests, max_tokens=args.max_tokens,
                   ignore_eos=args.ignore_eos, allow_remote=args.allow_remote, tags=tuple(args.tags),
                   prompts_per_set=args.prompts_per_set, request_timeout=args.request_timeout,
-                  flush_cache=not args.keep_cache)
+                  flush_cache=not args.keep_cache, drain_seconds=args.drain_seconds)
     (args.out / "run.json").write_text(json.dumps(
         {**asdict(sweep), "out": str(sweep.out), "users": list(args.users)}, indent=2))
     console.print(f"load test: {model} at {host}, users {list(args.users)}, "

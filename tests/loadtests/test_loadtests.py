@@ -193,12 +193,24 @@ def test_sweep_writes_csv_and_plot(tmp_path: Path) -> None:
 def test_level_ends_at_its_time_limit(tmp_path: Path) -> None:
     with FakeOpenAI(FakeConfig()) as fake:
         assert _sweep(fake, tmp_path, "--users", "2", "--level-requests", "100000",
-                      "--level-seconds", "2", "--keep-cache") == 0
+                      "--level-seconds", "2", "--keep-cache", "--drain-seconds", "0") == 0
     assert fake.flushes == 0
     (row,) = _rows(tmp_path / "summary.csv")
     assert row["stopped_by"] == "time"
-    assert 0 < int(row["requests"]) <= fake.served  # requests cut off at the limit are not samples
+    assert 0 < int(row["requests"]) <= fake.served  # no drain: requests cut off are not samples
     assert row["failures"] == "0"
+
+
+def test_requests_in_flight_at_the_limit_drain_and_count(tmp_path: Path) -> None:
+    # Every request takes ~2.5 s, longer than the 1 s window: without the drain none would count.
+    with FakeOpenAI(FakeConfig(first_token_delay_s=0.5, token_delay_s=0.5)) as fake:
+        assert _sweep(fake, tmp_path, "--users", "3", "--level-requests", "100000",
+                      "--level-seconds", "1", "--keep-cache", "--drain-seconds", "30") == 0
+    (row,) = _rows(tmp_path / "summary.csv")
+    assert row["stopped_by"] == "time"
+    assert int(row["requests"]) == fake.served == 3  # each user's one request, finished and counted
+    assert int(row["output_tokens"]) == 3 * TOKENS
+    assert float(row["duration_s"]) >= 2.0  # to the last request's end, drain included
 
 
 @pytest.mark.parametrize(("failure", "kinds"), [
