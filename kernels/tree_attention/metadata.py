@@ -89,6 +89,23 @@ def pack_dense_blocks(tree_mask: Tensor, mask_indptr: Tensor, qo_indptr: Tensor,
     return pack_bits(dense)
 
 
+def full_mask_cells(prefix_lens: Tensor, num_draft: int, width: int | None = None) -> Tensor:
+    """Where tree cell ``(b, j, k)`` sits in sglang's FULL_MASK ``custom_mask``, ``[B, n, width]``.
+
+    FULL_MASK packs requests one after another, each as ``n`` rows of ``prefix_b + n`` cells;
+    the tree columns of a row start after its ``prefix_b`` prefix columns.
+    """
+    n = num_draft
+    width = n if width is None else width
+    prefix = prefix_lens.to(torch.int64)
+    row_len = prefix + n
+    starts = torch.cumsum(row_len * n, 0) - row_len * n
+    rows = torch.arange(n, device=prefix.device)
+    cols = torch.arange(width, device=prefix.device)
+    return (starts[:, None, None] + rows[None, :, None] * row_len[:, None, None]
+            + prefix[:, None, None] + cols[None, None, :])
+
+
 def pack_full_mask_rows(custom_mask: Tensor, prefix_lens: Tensor, num_draft: int, width: int | None = None) -> Tensor:
     """Bit-pack sglang's FULL_MASK ``custom_mask`` (per request ``n`` rows of ``prefix + n``).
 
@@ -97,14 +114,8 @@ def pack_full_mask_rows(custom_mask: Tensor, prefix_lens: Tensor, num_draft: int
     """
     bs, n = prefix_lens.numel(), num_draft
     width = n if width is None else width
-    prefix = prefix_lens.to(torch.int64)
-    row_len = prefix + n
-    starts = torch.cumsum(row_len * n, 0) - row_len * n
-    rows = torch.arange(n, device=custom_mask.device)
-    cols = torch.arange(width, device=custom_mask.device)
-    idx = (starts[:, None, None] + rows[None, :, None] * row_len[:, None, None]
-           + prefix[:, None, None] + cols[None, None, :])
-    inside = (cols < n)[None, None, :].expand(bs, n, width)
+    idx = full_mask_cells(prefix_lens.to(custom_mask.device), n, width)
+    inside = (torch.arange(width, device=custom_mask.device) < n)[None, None, :].expand(bs, n, width)
     flat = custom_mask.reshape(-1)
     dense = flat[idx.clamp(0, max(flat.numel() - 1, 0))].bool() & inside
     return pack_bits(dense.reshape(bs * n, width))

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from sglang_echo.core.pack import child_links, pad_trees
 from sglang_echo.core.tree import DraftTrees
+from sglang_echo.kernels.tree_attention.metadata import full_mask_cells
 
 
 @dataclass
@@ -73,12 +74,7 @@ def full_prefix_rows(mask: Tensor, seq_lens: Tensor) -> Tensor:
     total length is the one host read.
     """
     B, W, _ = mask.shape
-    row = seq_lens + W  # [B] row length per request
-    start = torch.zeros_like(row)
-    start[1:] = (W * row).cumsum(0)[:-1]
-    total = int((W * row).sum()) if B else 0
+    total = int((W * (seq_lens + W)).sum()) if B else 0
     out = torch.ones(total, dtype=torch.bool, device=mask.device)
-    ar = torch.arange(W, device=mask.device)
-    idx = (start + seq_lens)[:, None, None] + ar[None, :, None] * row[:, None, None] + ar[None, None, :]
-    out[idx.flatten()] = mask.flatten()
+    out[full_mask_cells(seq_lens, W).flatten()] = mask.flatten()
     return out
