@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ProbeJob:
     model: Path
-    drafter: str  # "eagle3" | "ngram"
+    drafter: str  # "eagle3" | "dart" | "ngram"
     draft: Optional[Path]  # EAGLE-3 head dir (None for ngram)
     prompts: Sequence[tuple[str, str]]  # (id, rendered prompt text)
     samples: Path

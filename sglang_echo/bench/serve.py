@@ -5,6 +5,7 @@ concurrency levels, in one run, so the printed ratios compare like with like. Gr
 every speculative configuration are checked token for token against no speculation.
 
     echo-bench serve --configs none,ngram,eagle3,echo --concurrency 1,8,32 --max-new 64
+    echo-bench serve --configs none,eagle3,echo,echo-dart,echo-ngram   # drafters side by side
     echo-bench serve --configs none,echo,echo-dense,echo-fixed --calibration C.json   # Sec. 5.3 ablation
 
 Writes ``<out>/serve.json`` (machine, settings, per-run figures, per-request records) and
@@ -54,6 +55,9 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
     "echo-fixed": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "fixed-threshold"}),
     # ECHO gating with the paper's LLaMA-3.1-8B thresholds whatever --calibration says.
     "echo-paper": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo"}),
+    # ECHO with a fixed drafter whatever --echo-drafter says (drafters side by side in one run).
+    "echo-dart": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "dart"}),
+    "echo-ngram": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "ngram"}),
 }
 UNCALIBRATED = {"echo-paper"}
 
@@ -62,8 +66,9 @@ def echo_env(name: str, args: argparse.Namespace) -> dict[str, str]:
     """The ECHO configs' drafter and calibration (``--echo-drafter``, ``--calibration``)."""
     env = dict(CONFIGS[name][2])
     if CONFIGS[name][0] == "echo":
-        env["SGLANG_ECHO_DRAFTER"] = args.echo_drafter
-        if args.calibration and name not in UNCALIBRATED:
+        pinned = "SGLANG_ECHO_DRAFTER" in env
+        env.setdefault("SGLANG_ECHO_DRAFTER", args.echo_drafter)
+        if args.calibration and name not in UNCALIBRATED and not pinned:
             env["SGLANG_ECHO_CALIBRATION"] = str(Path(args.calibration).resolve())
     return env
 
@@ -249,12 +254,12 @@ def _one_level(url: str, texts: list[str], concurrency: int, max_new: int) -> tu
 def run(args: argparse.Namespace) -> Report:
     from transformers import AutoTokenizer
 
-    from ..models.drafts import default_eagle3_head
+    from ..models.drafts import SMOLLM2_DART, stage_head
     from ..models.prepare import prepare
 
     model = prepare(dtype=args.dtype).path
-    draft = Path(args.draft) if args.draft else default_eagle3_head(model)
-    with_draft = {"eagle3"} | ({"echo"} if args.echo_drafter == "eagle3" else set())
+    draft = Path(args.draft) if args.draft else stage_head(model)
+    heads = {"eagle3": draft, "dart": Path(args.dart_draft) if args.dart_draft else stage_head(model, SMOLLM2_DART)}
     tokenizer = AutoTokenizer.from_pretrained(model)
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts_all = load_mixed(args.per_set)
@@ -262,16 +267,18 @@ def run(args: argparse.Namespace) -> Report:
     datasets = [p.dataset for p in prompts_all]
     report = Report(
         machine={"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
-        settings={"model": str(model), "draft": str(draft), "dtype": args.dtype, "max_new": args.max_new,
+        settings={"model": str(model), "draft": str(draft), "dart_draft": str(heads["dart"]), "dtype": args.dtype, "max_new": args.max_new,
                   "concurrency": levels, "prompts": len(pool), "per_set": args.per_set,
                   "echo_drafter": args.echo_drafter, "calibration": args.calibration},
     )
     reference: dict[int, list[list[int]]] = {}
     for name in args.configs.split(","):
         spec, knobs, _ = CONFIGS[name]
-        opts = ServerOptions(model_path=model, port=args.port, spec=spec, draft_path=draft if spec in with_draft else None,
+        env = echo_env(name, args)
+        head = heads.get(env.get("SGLANG_ECHO_DRAFTER", "eagle3")) if spec in ("eagle3", "echo") else None
+        opts = ServerOptions(model_path=model, port=args.port, spec=spec, draft_path=head,
                              spec_options=knobs, dtype=args.dtype, max_running_requests=max(levels),
-                             enable_metrics=True, extra_env=tuple(echo_env(name, args).items()))
+                             enable_metrics=True, extra_env=tuple(env.items()))
         nominal = knobs.num_steps if spec == "eagle3" else None
         with SGLangServer(opts) as srv:
             _one_level(srv.base_url, pool[:2], 2, 8)  # warm-up: first-request costs are not throughput
@@ -419,7 +426,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--dtype", default="float32", help="float32 keeps the token-for-token check exact")
     ap.add_argument("--draft", default=None, help="EAGLE-3 head (default: the shipped head)")
-    ap.add_argument("--echo-drafter", choices=("eagle3", "ngram"), default="eagle3", help="the drafter of the echo* configs")
+    ap.add_argument("--echo-drafter", choices=("eagle3", "dart", "ngram"), default="eagle3",
+                    help="the drafter of the echo* configs (echo-dart and echo-ngram pin theirs)")
+    ap.add_argument("--dart-draft", default=None, help="DART head for the dart drafter (default: the shipped one)")
     ap.add_argument("--calibration", default=None, help="echo-calibrate output for the echo* configs (default: paper gates)")
     ap.add_argument("--port", type=int, default=30400)
     ap.add_argument("--out", default="benchmarks/results/cpu")

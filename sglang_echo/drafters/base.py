@@ -33,8 +33,10 @@ Contract:
   :meth:`propose` by reading the marginal of depth ``frontier.depth + 1``; the tree policy is
   the same.
 
-Inside sglang the EAGLE-3 catch-up is sglang's own draft extend and ``propose`` is
-:class:`sglang_echo.integration.drafter.EagleFrontierDrafter`; the classes in this package are
+Inside sglang the EAGLE-3 and DART catch-up is sglang's own draft extend and ``propose`` is
+:class:`sglang_echo.integration.drafter.EagleFrontierDrafter` (EAGLE-3) or
+:class:`sglang_echo.integration.dart.DartFrontierDrafter` (DART, over :class:`.dart.DartSearch`,
+shared with the offline drafter); the classes in this package are
 the engine-agnostic drafters the offline step loop, the calibrator and the trainer's evaluation
 use, and the parameter-free ones plug into the worker unchanged.
 """

@@ -98,6 +98,163 @@ def combine(log_ptilde: Tensor, ng: Optional[Tensor], level: int, cfg: CombineCo
     return e, torch.log_softmax(e, -1)
 
 
+class DartSearch:
+    """One step's tree search over DART's ``d`` top-``K`` marginals: COMBINE-ranked
+    :meth:`propose` (the core's drafter protocol, any tree policy) and :meth:`algorithm1`.
+
+    Engine-agnostic: :meth:`begin` takes the step's marginals wherever they were computed
+    (:class:`DartDrafter`'s plain-torch head offline, sglang's draft model in the server,
+    :mod:`sglang_echo.integration.dart`) and every request's committed tokens (the n-gram context).
+    """
+
+    def __init__(self, vocab_size: int, trie: Optional[NGramTrie] = None, use_ngram: bool = True,
+                 combine_cfg: CombineConfig = CombineConfig(), local_weight: float = 1.0, ngram_order: int = 3,
+                 eos_id: Optional[int] = None):
+        if ngram_order < 2 and trie is None:
+            raise ValueError(f"the n-gram order must be >= 2, got {ngram_order}")
+        if trie is not None:
+            if trie.vocab_size != vocab_size:
+                raise ValueError(f"n-gram trie built for a {trie.vocab_size}-token vocabulary, the head's target has {vocab_size}")
+            ngram_order = trie.order
+        self.vocab_size, self.trie, self.use_ngram, self.cfg = vocab_size, trie, use_ngram, combine_cfg
+        self.local_weight, self.order, self.eos_id = local_weight, ngram_order, eos_id
+        self._top_tok: Optional[Tensor] = None
+        self._next_depth = 0
+
+    def describe(self) -> str:
+        if not self.use_ngram:
+            return "ngram=off"
+        return f"ngram=order={self.order},trie={'yes' if self.trie is not None else 'no'},local={self.local_weight:g}"
+
+    def to(self, device) -> DartSearch:
+        if self.trie is not None:
+            self.trie = self.trie.to(device)
+        return self
+
+    def begin(self, top_lp: Tensor, top_tok: Tensor, hist: Tensor, hist_len: Tensor, ready: Tensor) -> None:
+        """A new step. ``top_lp, top_tok [B, d, K]``: each marginal's top-``K`` log-probabilities
+        and *target* ids (``-inf`` pads a shorter marginal); ``hist [B, L]`` / ``hist_len [B]``: the
+        committed tokens (the root last); ``ready [B]``: requests with marginals (others propose nothing)."""
+        self._top_lp, self._top_tok = top_lp.float(), top_tok
+        self.hist, self.hist_len, self.ready = hist, hist_len, ready
+        self.batch_size, self.depth, self.device = top_lp.shape[0], top_lp.shape[1], top_lp.device
+        self._local: Optional[LocalNGrams] = None
+        self._cand_ctx: Optional[Tensor] = None  # [B, C, order-1] n-gram context ending at each candidate
+        self._next_depth = 0
+
+    def _root_context(self) -> Tensor:
+        """``[B, order-1]`` last committed tokens (-1 before the start)."""
+        n = self.order - 1
+        pos = self.hist_len[:, None] - n + torch.arange(n, device=self.device)[None, :]
+        got = self.hist.gather(1, pos.clamp(min=0))
+        return torch.where(pos >= 0, got, torch.full_like(got, -1))
+
+    def _ngram(self, ctx: Tensor, tokens: Tensor) -> Tensor:
+        """``ctx [B, F, order-1]``, ``tokens [B, K]`` -> ``Pr_ngram [B, F, K]``."""
+        B, Fw, _ = ctx.shape
+        K = tokens.shape[1]
+        if self._local is None and self.local_weight > 0:
+            self._local = LocalNGrams(self.hist, self.hist_len, self.order, self.vocab_size)
+        c = ctx[:, :, None, :].expand(B, Fw, K, ctx.shape[-1]).reshape(B, Fw * K, -1)
+        t = tokens[:, None, :].expand(B, Fw, K).reshape(B, Fw * K)
+        p, _ = continuation_prob(c, t, self.order, self.vocab_size, self.trie, self._local, self.local_weight)
+        return p.view(B, Fw, K)
+
+    def _level(self, level: int, ctx: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """Scores of the top-``K`` tokens of marginal ``level + 1`` after each context:
+        (COMBINE term ``e [B, F, K]``, ``log q [B, F, K]``, target ids ``[B, K]``)."""
+        lp, tok = self._top_lp[:, level], self._top_tok[:, level]  # [B, K]
+        log_m = torch.logsumexp(lp, -1, keepdim=True)
+        ng = None
+        if self.use_ngram and (level >= 1 or self.cfg.ngram_first) and ctx is not None:
+            ng = self._ngram(ctx, tok)
+        Fw = 1 if ctx is None else ctx.shape[1]
+        e, logq = combine((lp - log_m)[:, None, :].expand(-1, Fw, -1), ng, level, self.cfg)
+        return e, logq + log_m[:, None], tok
+
+    def propose(self, frontier: Frontier, k: int) -> Candidates:
+        dev = self.device
+        B, Fw = frontier.slots.shape
+        if self._top_tok is None or B != self.batch_size:
+            raise RuntimeError(f"DART search: begin() the step first (frontier has {B} requests)")
+        d = frontier.depth
+        if d != self._next_depth:
+            raise RuntimeError(f"propose expected a depth-{self._next_depth} frontier, got depth {d}")
+        self._next_depth = d + 1
+        valid = frontier.valid & self.ready[:, None]
+        if d >= self.depth:  # past the head's last marginal: nothing to propose
+            z = torch.zeros(B, Fw * k, dtype=torch.int64, device=dev)
+            self._cand_ctx = None
+            return Candidates(z, torch.full((B, Fw * k), float("-inf"), device=dev),
+                              torch.arange(Fw, device=dev).repeat_interleave(k).expand(B, -1).contiguous(), z.bool())
+        if d == 0:
+            ctx = self._root_context()[:, None].expand(B, Fw, -1)
+        else:
+            ctx = self._cand_ctx.gather(1, frontier.source.clamp(min=0)[..., None].expand(B, Fw, self.order - 1))
+        e, logq, tok = self._level(d, ctx)  # [B, F, K]
+        kk = min(k, e.shape[-1])
+        order = torch.sort(e, dim=-1, descending=True, stable=True).indices[..., :kk]  # COMBINE order
+        tokens = tok[:, None, :].expand(B, Fw, -1).gather(2, order)
+        lq = logq.gather(2, order)
+        self._cand_ctx = torch.cat([ctx[:, :, None, 1:].expand(B, Fw, kk, self.order - 2), tokens[..., None]], -1).reshape(B, Fw * kk, -1)
+        return Candidates(
+            tokens=tokens.reshape(B, Fw * kk),
+            logprob=lq.reshape(B, Fw * kk),
+            parent=torch.arange(Fw, device=dev)[None, :, None].expand(B, Fw, kk).reshape(B, Fw * kk),
+            valid=(valid[:, :, None] & torch.isfinite(lq)).reshape(B, Fw * kk),  # -inf: a padded marginal entry
+        )
+
+    def algorithm1(self, roots: Tensor, active: Optional[Tensor] = None, max_depth: Optional[int] = None) -> DraftTrees:
+        """DART's continuity-aware tree pruning (Alg. 1), vectorised over the batch and the beam.
+
+        Level ``l`` expands every beam sequence with the top-``K`` tokens of marginal ``l + 1``,
+        scored ``parent + w_level(l) * e`` (COMBINE); every candidate joins the global tree, the best
+        ``beam`` (sequences ending in EOS last, as in DART's searcher) are expanded next. The tree keeps
+        the ``budget`` best nodes by that cumulative score (ancestor-closed: increments are <= 0 and
+        ties keep the parent, which comes first). Nodes carry the proper ``log q`` of :meth:`propose`.
+        """
+        cfg, dev, B = self.cfg, self.device, self.batch_size
+        K = self._top_tok.shape[-1]
+        active = (torch.ones(B, dtype=torch.bool, device=dev) if active is None else active.to(dev)) & self.ready
+        pool = NodePool(roots.to(dev).reshape(B))
+        beam_slots = torch.zeros(B, 1, dtype=torch.int64, device=dev)
+        beam_score = torch.zeros(B, 1, device=dev)
+        beam_valid = active[:, None].clone()
+        ctx = self._root_context()[:, None]  # [B, W, order-1]
+        scores = [torch.zeros(B, 1, device=dev)]  # COMBINE score of every pool slot (root: 0)
+        for level in range(min(self.depth, max_depth or self.depth)):
+            W = beam_slots.shape[1]
+            e, logq, tok = self._level(level, ctx)  # [B, W, K]
+            inc = (cfg.w_level(level) * e).clamp(max=0.0)
+            ok = beam_valid[..., None] & torch.isfinite(logq)
+            score = torch.where(ok, beam_score[..., None] + inc, torch.full_like(inc, float("-inf")))
+            tokens = tok[:, None, :].expand(B, W, K)
+            cands = Candidates(tokens.reshape(B, W * K), logq.reshape(B, W * K),
+                               torch.arange(W, device=dev)[None, :, None].expand(B, W, K).reshape(B, W * K),
+                               ok.reshape(B, W * K))
+            slots = pool.append(cands, beam_slots, level + 1)
+            flat = score.reshape(B, W * K)
+            scores.append(flat)
+            # Next beam: best scores, sequences ending in EOS after every other one.
+            order = torch.sort(flat, dim=1, descending=True, stable=True).indices
+            if self.eos_id is not None:
+                is_eos = cands.tokens.gather(1, order) == self.eos_id
+                order = order.gather(1, torch.sort(is_eos.long(), dim=1, stable=True).indices)
+            w = min(cfg.beam, W * K)
+            cols = order[:, :w]
+            beam_slots = slots.gather(1, cols)
+            beam_score = flat.gather(1, cols)
+            beam_valid = torch.isfinite(beam_score)
+            ctx_all = torch.cat([ctx[:, :, None, 1:].expand(B, W, K, self.order - 2), tokens[..., None]], -1).reshape(B, W * K, -1)
+            ctx = ctx_all.gather(1, cols[..., None].expand(B, w, self.order - 1))
+        allscore = torch.cat(scores, 1)
+        allscore[:, 0] = float("-inf")  # the root is always kept; rank the drafts
+        order = torch.sort(allscore, dim=1, descending=True, stable=True).indices[:, : cfg.budget]
+        keep = torch.isfinite(allscore.gather(1, order))
+        pool.mark(order, keep)
+        return pool.compact()
+
+
 class DartDrafter(Drafter):
     name = "dart"
 
@@ -112,22 +269,18 @@ class DartDrafter(Drafter):
         self.logit_dtype = torch.promote_types(self.dtype, torch.float32)
         self.captured_layers = tuple(head.cfg.aux_layer_ids)
         self.depth = head.cfg.depth
-        V = head.cfg.vocab_size
-        if ngram_order < 2 and trie is None:
-            raise ValueError(f"the n-gram order must be >= 2, got {ngram_order}")
-        if trie is not None:
-            if trie.vocab_size != V:
-                raise ValueError(f"n-gram trie built for a {trie.vocab_size}-token vocabulary, the head's target has {V}")
-            ngram_order = trie.order
-            trie = trie.to(self.device)
-        self.trie, self.use_ngram, self.cfg = trie, use_ngram, combine_cfg
-        self.local_weight, self.order, self.eos_id = local_weight, ngram_order, eos_id
+        self.search = DartSearch(head.cfg.vocab_size, trie, use_ngram, combine_cfg, local_weight, ngram_order,
+                                 eos_id).to(self.device)
         self.start([])
 
+    # The search's settings, read by the bench and DartTreePolicy.
+    cfg = property(lambda self: self.search.cfg)
+    trie = property(lambda self: self.search.trie)
+    use_ngram = property(lambda self: self.search.use_ngram)
+    order = property(lambda self: self.search.order)
+
     def describe(self) -> str:
-        c = self.cfg
-        ng = "off" if not self.use_ngram else f"order={self.order},trie={'yes' if self.trie is not None else 'no'},local={self.local_weight:g}"
-        return f"depth={self.depth},topk={c.topk},ngram={ng}"
+        return f"depth={self.depth},topk={self.cfg.topk},{self.search.describe()}"
 
     # -- state ---------------------------------------------------------------------------------
     def start(self, prompts: Sequence[Tensor]) -> None:
@@ -148,14 +301,7 @@ class DartDrafter(Drafter):
             if p.numel():
                 self.hist[b, 0] = int(p.reshape(-1)[0])
                 self.hist_len[b] = 1
-        self._local: Optional[LocalNGrams] = None
-        self._reset_step()
-
-    def _reset_step(self) -> None:
-        self._next_depth = 0
-        self._top_tok: Optional[Tensor] = None  # [B, d, K] target ids of each marginal's top-K
-        self._top_lp: Optional[Tensor] = None  # [B, d, K] their log-probabilities under the head
-        self._cand_ctx: Optional[Tensor] = None  # [B, C, order-1] n-gram context ending at each candidate
+        self._step_open = False
 
     @staticmethod
     def _grow(t: Tensor, n: int, dim: int) -> Tensor:
@@ -169,7 +315,7 @@ class DartDrafter(Drafter):
     @torch.no_grad()
     def catch_up(self, tokens: Sequence[Tensor], features: Sequence[Tensor] | None) -> None:
         B, dev, head = self.batch_size, self.device, self.head
-        self._reset_step()
+        self._step_open = False
         checked = check_catch_up(tokens, features, B, len(self.captured_layers) * head.cfg.hidden_size, "DART")
         if checked is None:
             return
@@ -187,7 +333,6 @@ class DartDrafter(Drafter):
         self.hist = self._grow(self.hist, int((self.hist_len + n).max()), 1)
         self.hist[b_idx, hpos[real]] = tok[real]
         self.hist_len = self.hist_len + n
-        self._local = None
 
         # Pairs: k/v into the cache; q and residual of each request's last pair for the next step.
         pos = self.lengths[:, None] + ar[None, :]
@@ -232,129 +377,25 @@ class DartDrafter(Drafter):
         logits, _ = head.finish(head.attend(q, k, v, mask), res)
         return torch.log_softmax(logits.to(self.logit_dtype), -1)
 
-    def _prepare_step(self, k: int) -> None:
+    def _begin_step(self, k: int) -> None:
         K = min(max(self.cfg.topk, k), self.head.cfg.draft_vocab_size)
         lp, ids = self.marginals().topk(K, -1)  # [B, d, K]
-        self._top_lp, self._top_tok = lp.float(), self.head.to_target(ids)
-
-    def _root_context(self) -> Tensor:
-        """``[B, order-1]`` last committed tokens (-1 before the start)."""
-        n = self.order - 1
-        pos = self.hist_len[:, None] - n + torch.arange(n, device=self.device)[None, :]
-        got = self.hist.gather(1, pos.clamp(min=0))
-        return torch.where(pos >= 0, got, torch.full_like(got, -1))
-
-    def _ngram(self, ctx: Tensor, tokens: Tensor) -> Tensor:
-        """``ctx [B, F, order-1]``, ``tokens [B, K]`` -> ``Pr_ngram [B, F, K]``."""
-        B, Fw, _ = ctx.shape
-        K = tokens.shape[1]
-        if self._local is None and self.local_weight > 0:
-            self._local = LocalNGrams(self.hist, self.hist_len, self.order, self.head.cfg.vocab_size)
-        c = ctx[:, :, None, :].expand(B, Fw, K, ctx.shape[-1]).reshape(B, Fw * K, -1)
-        t = tokens[:, None, :].expand(B, Fw, K).reshape(B, Fw * K)
-        p, _ = continuation_prob(c, t, self.order, self.head.cfg.vocab_size, self.trie, self._local, self.local_weight)
-        return p.view(B, Fw, K)
-
-    def _level(self, level: int, ctx: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        """Scores of the top-``K`` tokens of marginal ``level + 1`` after each context:
-        (COMBINE term ``e [B, F, K]``, ``log q [B, F, K]``, target ids ``[B, K]``)."""
-        lp, tok = self._top_lp[:, level], self._top_tok[:, level]  # [B, K]
-        log_m = torch.logsumexp(lp, -1, keepdim=True)
-        ng = None
-        if self.use_ngram and (level >= 1 or self.cfg.ngram_first) and ctx is not None:
-            ng = self._ngram(ctx, tok)
-        Fw = 1 if ctx is None else ctx.shape[1]
-        e, logq = combine((lp - log_m)[:, None, :].expand(-1, Fw, -1), ng, level, self.cfg)
-        return e, logq + log_m[:, None], tok
+        self.search.begin(lp, self.head.to_target(ids), self.hist, self.hist_len, self.has_last)
 
     @torch.no_grad()
     def propose(self, frontier: Frontier, k: int) -> Candidates:
-        dev = self.device
-        B, Fw = frontier.slots.shape
-        if B != self.batch_size:
-            raise ValueError(f"frontier has {B} requests, the batch has {self.batch_size}")
-        d = frontier.depth
-        if d != self._next_depth:
-            raise RuntimeError(f"propose expected a depth-{self._next_depth} frontier, got depth {d}")
-        self._next_depth = d + 1
-        if d == 0:
-            self._prepare_step(k)
-        valid = frontier.valid & self.has_last[:, None]
-        if d >= self.depth:  # past the head's last marginal: nothing to propose
-            z = torch.zeros(B, Fw * k, dtype=torch.int64, device=dev)
-            self._cand_ctx = None
-            return Candidates(z, torch.full((B, Fw * k), float("-inf"), device=dev),
-                              torch.arange(Fw, device=dev).repeat_interleave(k).expand(B, -1).contiguous(), z.bool())
-        if d == 0:
-            ctx = self._root_context()[:, None].expand(B, Fw, -1)
-        else:
-            ctx = self._cand_ctx.gather(1, frontier.source.clamp(min=0)[..., None].expand(B, Fw, self.order - 1))
-        e, logq, tok = self._level(d, ctx)  # [B, F, K]
-        kk = min(k, e.shape[-1])
-        order = torch.sort(e, dim=-1, descending=True, stable=True).indices[..., :kk]  # COMBINE order
-        tokens = tok[:, None, :].expand(B, Fw, -1).gather(2, order)
-        lq = logq.gather(2, order)
-        self._cand_ctx = torch.cat([ctx[:, :, None, 1:].expand(B, Fw, kk, self.order - 2), tokens[..., None]], -1).reshape(B, Fw * kk, -1)
-        return Candidates(
-            tokens=tokens.reshape(B, Fw * kk),
-            logprob=lq.reshape(B, Fw * kk),
-            parent=torch.arange(Fw, device=dev)[None, :, None].expand(B, Fw, kk).reshape(B, Fw * kk),
-            valid=valid[:, :, None].expand(B, Fw, kk).reshape(B, Fw * kk),
-        )
+        if frontier.slots.shape[0] != self.batch_size:
+            raise ValueError(f"frontier has {frontier.slots.shape[0]} requests, the batch has {self.batch_size}")
+        if frontier.depth == 0 and not self._step_open:  # one step per catch-up
+            self._begin_step(k)
+            self._step_open = True
+        return self.search.propose(frontier, k)
 
-    # -- Algorithm 1: the static DART tree ------------------------------------------------------
     @torch.no_grad()
     def algorithm1(self, roots: Tensor, active: Optional[Tensor] = None, max_depth: Optional[int] = None) -> DraftTrees:
-        """DART's continuity-aware tree pruning (Alg. 1), vectorised over the batch and the beam.
-
-        Level ``l`` expands every beam sequence with the top-``K`` tokens of marginal ``l + 1``,
-        scored ``parent + w_level(l) * e`` (COMBINE); every candidate joins the global tree, the best
-        ``beam`` (sequences ending in EOS last, as in DART's searcher) are expanded next. The tree keeps
-        the ``budget`` best nodes by that cumulative score (ancestor-closed: increments are <= 0 and
-        ties keep the parent, which comes first). Nodes carry the proper ``log q`` of :meth:`propose`.
-        """
-        cfg, dev = self.cfg, self.device
-        B = self.batch_size
-        self._reset_step()
-        self._prepare_step(cfg.topk)
-        K = self._top_tok.shape[-1]
-        active = (torch.ones(B, dtype=torch.bool, device=dev) if active is None else active.to(dev)) & self.has_last
-        pool = NodePool(roots.to(dev).reshape(B))
-        beam_slots = torch.zeros(B, 1, dtype=torch.int64, device=dev)
-        beam_score = torch.zeros(B, 1, device=dev)
-        beam_valid = active[:, None].clone()
-        ctx = self._root_context()[:, None]  # [B, W, order-1]
-        scores = [torch.zeros(B, 1, device=dev)]  # COMBINE score of every pool slot (root: 0)
-        for level in range(min(self.depth, max_depth or self.depth)):
-            W = beam_slots.shape[1]
-            e, logq, tok = self._level(level, ctx)  # [B, W, K]
-            inc = (cfg.w_level(level) * e).clamp(max=0.0)
-            score = torch.where(beam_valid[..., None], beam_score[..., None] + inc, torch.full_like(inc, float("-inf")))
-            tokens = tok[:, None, :].expand(B, W, K)
-            cands = Candidates(tokens.reshape(B, W * K), logq.reshape(B, W * K),
-                               torch.arange(W, device=dev)[None, :, None].expand(B, W, K).reshape(B, W * K),
-                               beam_valid[..., None].expand(B, W, K).reshape(B, W * K))
-            slots = pool.append(cands, beam_slots, level + 1)
-            flat = score.reshape(B, W * K)
-            scores.append(flat)
-            # Next beam: best scores, sequences ending in EOS after every other one.
-            order = torch.sort(flat, dim=1, descending=True, stable=True).indices
-            if self.eos_id is not None:
-                is_eos = cands.tokens.gather(1, order) == self.eos_id
-                order = order.gather(1, torch.sort(is_eos.long(), dim=1, stable=True).indices)
-            w = min(cfg.beam, W * K)
-            cols = order[:, :w]
-            beam_slots = slots.gather(1, cols)
-            beam_score = flat.gather(1, cols)
-            beam_valid = torch.isfinite(beam_score)
-            ctx_all = torch.cat([ctx[:, :, None, 1:].expand(B, W, K, self.order - 2), tokens[..., None]], -1).reshape(B, W * K, -1)
-            ctx = ctx_all.gather(1, cols[..., None].expand(B, w, self.order - 1))
-        allscore = torch.cat(scores, 1)
-        allscore[:, 0] = float("-inf")  # the root is always kept; rank the drafts
-        order = torch.sort(allscore, dim=1, descending=True, stable=True).indices[:, : cfg.budget]
-        keep = torch.isfinite(allscore.gather(1, order))
-        pool.mark(order, keep)
-        return pool.compact()
+        """DART's static tree for this step: :meth:`DartSearch.algorithm1` over fresh marginals."""
+        self._begin_step(self.cfg.topk)
+        return self.search.algorithm1(roots, active, max_depth)
 
 
 class DartTreePolicy(TreePolicy):
@@ -402,4 +443,4 @@ def load_dart_drafter(draft, embed: Tensor, num_target_layers: int, ngram: Optio
     return DartDrafter(head, trie=trie, use_ngram=use_ngram, eos_id=eos_id, device=device)
 
 
-__all__ = ["CombineConfig", "DartDrafter", "DartTreePolicy", "combine", "load_dart_drafter"]
+__all__ = ["CombineConfig", "DartDrafter", "DartSearch", "DartTreePolicy", "combine", "load_dart_drafter"]

@@ -87,6 +87,17 @@ class DartConfig(Eagle3Config):
                    shared_mask=cfg.get("dart_mask_embeddings", "shared") == "shared")
 
 
+def is_dart_head(path) -> bool:
+    """Whether ``path`` is a head directory whose ``config.json`` names DART's architecture."""
+    cfg = Path(path or "") / "config.json"
+    if not path or not cfg.is_file():
+        return False
+    try:
+        return ARCHITECTURE in json.loads(cfg.read_text()).get("architectures", [])
+    except (OSError, ValueError):
+        return False
+
+
 class DartHead(Eagle3Head):
     """:class:`Eagle3Head` plus the mask representation; see the module docstring."""
 

@@ -11,11 +11,12 @@ reach every sglang subprocess). Resolution order, later wins:
 4. per-field environment overrides ``SGLANG_ECHO_<FIELD>`` (``SGLANG_ECHO_POLICY``,
    ``SGLANG_ECHO_K_MAX``, ``SGLANG_ECHO_MAX_DEPTH``, ``SGLANG_ECHO_W_DEF``, ``SGLANG_ECHO_W_MAX``,
    ``SGLANG_ECHO_WIDTH``, ``SGLANG_ECHO_CALIBRATION``, ``SGLANG_ECHO_DRAFTER``,
-   ``SGLANG_ECHO_VERIFY``).
+   ``SGLANG_ECHO_DART_NGRAM``, ``SGLANG_ECHO_VERIFY``).
 
 Defaults: policy ``echo``, ``k_max`` 64 (batch verification cap, roots included), ``max_depth``
 4, ``w_def`` 1, ``w_max`` 2, no calibration file (the paper's default gates, logged loudly),
-drafter ``eagle3`` (the EAGLE-3 head of ``--speculative-draft-model-path``; ``ngram``: the
+drafter ``eagle3`` (the EAGLE-3 head of ``--speculative-draft-model-path``; ``dart``: a DART head
+there, :mod:`.dart`, with DART's n-gram pruning unless ``dart_ngram`` is false; ``ngram``: the
 parameter-free n-gram drafter :class:`sglang_echo.drafters.ngram.NGramDrafter`, no draft model).
 ``width`` (the padded verify width W) defaults to the widest tree the policy can build:
 ``max(max_depth + 1, min(k_max, 1 + max_depth * w_def + w_max))``. ``verify`` ``auto``: the
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 ENV_CONFIG = "SGLANG_ECHO_CONFIG"
 ENV_PREFIX = "SGLANG_ECHO_"
-DRAFTERS = ("eagle3", "ngram")
+DRAFTERS = ("eagle3", "dart", "ngram")
 # Policies whose tree grows by the elastic scheduler (frontier w_def, children w_max).
 ELASTIC = ("echo", "dense-gating", "fixed-threshold")
 
@@ -58,6 +59,7 @@ class EchoConfig:
     width: Optional[int] = None  # None: derived (see module docstring)
     calibration: Optional[str] = None
     drafter: str = "eagle3"
+    dart_ngram: bool = True  # drafter dart: DART's n-gram-enforced ranking (False: the logits alone)
     fixed_tau: float = 0.3
     verify: str = "auto"  # auto | ragged | padded (see the module docstring)
     source: str = "defaults"
@@ -148,6 +150,8 @@ class EchoConfig:
 
 _INT = {"k_max", "max_depth", "w_def", "w_max", "width"}
 _FLOAT = {"fixed_tau"}
+_BOOL = {"dart_ngram"}
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 _FIELDS = {f.name for f in fields(EchoConfig)} - {"source"}
 
 
@@ -161,10 +165,16 @@ def _coerce(key: str, value: Any, where: str) -> Any:
             return int(value)
         if key in _FLOAT:
             return float(value)
+        if key in _BOOL:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in _TRUE | _FALSE:
+                return str(value).lower() in _TRUE
+            raise ValueError
         return str(value)
     except (TypeError, ValueError):
-        raise EchoConfigError(f"ECHO config ({where}): {key}={value!r} is not a valid "
-                              f"{'integer' if key in _INT else 'number' if key in _FLOAT else 'string'}") from None
+        kind = "integer" if key in _INT else "number" if key in _FLOAT else "boolean" if key in _BOOL else "string"
+        raise EchoConfigError(f"ECHO config ({where}): {key}={value!r} is not a valid {kind}") from None
 
 
 def _read_file(spec: str) -> tuple[dict, str]:

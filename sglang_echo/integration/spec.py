@@ -125,8 +125,16 @@ def validate_server_args(sa) -> None:
            "drafter 'ngram' uses no draft model: drop --speculative-draft-model-path")
     else:
         no(not sa.speculative_draft_model_path,
-           "needs an EAGLE-3 draft head: pass --speculative-draft-model-path "
+           "needs an EAGLE-3 (or, with drafter 'dart', a DART) draft head: pass --speculative-draft-model-path "
            "(or set the ECHO drafter to 'ngram', which needs none)")
+        from sglang_echo.drafters.dart_head import is_dart_head
+
+        dart = is_dart_head(sa.speculative_draft_model_path)
+        no(dart and configured_drafter() != "dart",
+           f"{sa.speculative_draft_model_path} is a DART head: set the ECHO drafter to 'dart' (SGLANG_ECHO_DRAFTER=dart)")
+        no(not dart and configured_drafter() == "dart",
+           f"drafter 'dart' needs a DART head (config.json architectures [\"LlamaForCausalLMDart\"]); "
+           f"{sa.speculative_draft_model_path} is not one")
     no((sa.pp_size or 1) > 1, "pipeline parallelism (--pp-size > 1) is not supported")
     no(bool(sa.enable_dp_attention), "--enable-dp-attention is not supported")
     no(str(sa.disaggregation_mode or "null") != "null", "prefill/decode disaggregation is not supported")

@@ -8,6 +8,8 @@
   the policy picked (:mod:`.drafter`), the policy keeps the nodes (ECHO Alg. 1 under
   ``sum K_i <= max(K_max, bs)``), and the trees are padded to W (:mod:`.padded`) into an
   :class:`EchoVerifyInput` for sglang's unchanged ``verify()``.
+* ``drafter: dart`` (:mod:`.dart`): the same step with DART's drafter, one mask forward per step
+  over the draft KV the draft extend wrote, ranked by DART's n-gram-enforced COMBINE score.
 * Ragged verify (:mod:`.ragged`, where the attention backend supports it): the verify input
   also carries ``K``, and the target forward runs on the ``sum K_i`` real nodes only; sglang's
   acceptance and KV commit still see the padded layout.
@@ -33,7 +35,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 from sglang_echo.calibration.probe import ProbeRecorder
 from sglang_echo.core.policy import build_trees
 
-from .config import EchoConfig, load_calibration_for, load_config, make_echo_policy
+from .config import EchoConfig, configured_drafter, load_calibration_for, load_config, make_echo_policy
 from .drafter import EagleFrontierDrafter
 from .metrics import EchoMetrics, TimedDrafter, _noop, timing_sync
 from .padded import to_sglang_dense
@@ -80,6 +82,7 @@ class EchoDraftWorker(EagleDraftWorker):
     echo_probe: Optional[ProbeRecorder] = None
     echo_sync = staticmethod(_noop)  # .metrics.timing_sync(device), set by EchoWorker
     echo_metrics = None  # the EchoWorker's EchoMetrics (per-request tree depths)
+    echo_dart = None  # drafter dart: the step's DartSearch (None: EAGLE-3 drafting)
 
     def draft(self, batch, *, with_topology: bool = False):
         if with_topology:
@@ -100,11 +103,17 @@ class EchoDraftWorker(EagleDraftWorker):
 
         bs = batch.seq_lens.shape[0]
         policy = self.echo_policy
-        if policy.max_depth > 1 and steps > 1:
-            self.draft_attn_backend.init_forward_metadata(forward_batch)
-            forward_batch.mark_forward_metadata_ready()
-        out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc, bs, self.topk, steps)
-        drafter = TimedDrafter(EagleFrontierDrafter(self, forward_batch, draft_input, out_cache_loc), sync)
+        if self.echo_dart is not None:
+            from .dart import DartFrontierDrafter
+
+            frontier = DartFrontierDrafter(self, batch, draft_input, self.echo_dart)
+        else:
+            if policy.max_depth > 1 and steps > 1:
+                self.draft_attn_backend.init_forward_metadata(forward_batch)
+                forward_batch.mark_forward_metadata_ready()
+            out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc, bs, self.topk, steps)
+            frontier = EagleFrontierDrafter(self, forward_batch, draft_input, out_cache_loc)
+        drafter = TimedDrafter(frontier, sync)
         roots = draft_input.bonus_tokens.reshape(bs).long()
         sync()
         t_build = time.perf_counter()
@@ -164,6 +173,10 @@ class EchoWorker(EAGLEWorkerV2):
     """``EAGLEWorkerV2`` running ECHO (or any core policy), ragged or padded-dense verify."""
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+        if configured_drafter() == "dart":  # before the draft model is loaded
+            from .dart import register_dart_model
+
+            register_dart_model()
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         cfg = load_config(
             num_steps=self.speculative_num_steps,
@@ -187,11 +200,22 @@ class EchoWorker(EAGLEWorkerV2):
             dw.echo_step = EchoStepState()
             # The captured draft graph returns EAGLE's organized tree; ECHO drafts eagerly.
             dw.cuda_graph_runner = None
+            if cfg.drafter == "dart":
+                dw.echo_dart = self._dart_search(dw, server_args, cfg)
         self.echo_metrics = EchoMetrics(cfg, enabled=bool(getattr(server_args, "enable_metrics", False)))
         self.echo_sync = timing_sync(self.device)
         if dw is not None:
             dw.echo_metrics, dw.echo_sync = self.echo_metrics, self.echo_sync
         log.info("ECHO worker: policy %s (%s)", self.echo_policy.name, cfg.describe())
+
+    def _dart_search(self, dw, server_args, cfg: EchoConfig):
+        from .dart import LlamaForCausalLMDart, make_dart_search
+
+        if not isinstance(dw.draft_runner.model, LlamaForCausalLMDart):
+            raise ValueError(f"ECHO drafter 'dart': {server_args.speculative_draft_model_path} loaded as "
+                             f"{type(dw.draft_runner.model).__name__}, not a DART head (LlamaForCausalLMDart)")
+        vocab = self.target_worker.model_runner.model_config.vocab_size
+        return make_dart_search(server_args.speculative_draft_model_path, vocab, cfg.dart_ngram, self.device)
 
     def init_attention_backends(self):
         super().init_attention_backends()

@@ -1,6 +1,6 @@
 """Draft heads for the prepared target: the trained EAGLE-3 head that ships, and a plumbing head.
 
-* :func:`default_eagle3_head` is what ``make serve`` and the benchmarks use: the EAGLE-3 head
+* :func:`stage_head` stages what ``make serve`` and the benchmarks use: the EAGLE-3 head
   trained for SmolLM2-135M-Instruct by ``echo-train-drafter`` (``sglang_echo/assets/``, with its
   model card). It is staged into the cache next to the target with the target's tokenizer files,
   because sglang's draft runner loads a tokenizer from the draft directory.
@@ -22,7 +22,9 @@ from .tiny import copy_tokenizer, write_tiny_eagle3_draft
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SMOLLM2_EAGLE3 = ASSETS / "eagle3-smollm2-135m-instruct"
+SMOLLM2_DART = ASSETS / "dart-smollm2-135m-instruct"
 HEAD_FILES = ("config.json", "model.safetensors")
+OPTIONAL_FILES = ("ngram-trie.safetensors",)  # DART's n-gram trie, read next to its head
 
 
 class DraftMismatch(ValueError):
@@ -41,16 +43,18 @@ def check_head_for(target_dir: Path, head_dir: Path) -> None:
                                 f"{target_dir} has {tcfg.get(key)}: pass a draft head for this target")
 
 
-def default_eagle3_head(target_dir: Path, head_dir: Path = SMOLLM2_EAGLE3) -> Path:
-    """The shipped head staged for ``target_dir`` (checked against its geometry; cached)."""
+def stage_head(target_dir: Path, head_dir: Path = SMOLLM2_EAGLE3) -> Path:
+    """A shipped head (the EAGLE-3 one by default; ``SMOLLM2_DART``) staged for ``target_dir``
+    with the target's tokenizer (checked against its geometry; cached)."""
     target_dir, head_dir = Path(target_dir), Path(head_dir)
     check_head_for(target_dir, head_dir)
     out = models_dir() / f"{target_dir.name}-{head_dir.name}"
-    fp = json.dumps({"head": {f: (head_dir / f).stat().st_size for f in HEAD_FILES}, "target": str(target_dir)})
+    files = HEAD_FILES + tuple(f for f in OPTIONAL_FILES if (head_dir / f).is_file())
+    fp = json.dumps({"head": {f: (head_dir / f).stat().st_size for f in files}, "target": str(target_dir)})
     with locked(out):
         if not is_fresh(out, fp):
             with atomic_dir(out, {"fingerprint": fp}) as tmp:
-                for f in HEAD_FILES:
+                for f in files:
                     shutil.copy2(head_dir / f, tmp / f)
                 copy_tokenizer(target_dir, tmp)
     return out

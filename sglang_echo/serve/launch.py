@@ -44,13 +44,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _echo_without_model(spec: str) -> bool:
-    """ECHO configured with a parameter-free drafter (SGLANG_ECHO_DRAFTER=ngram) needs no head."""
-    if spec != "echo":
-        return False
+def _echo_drafter() -> str:
     from sglang_echo.integration.config import configured_drafter
 
-    return configured_drafter() == "ngram"
+    return configured_drafter()
+
+
+def _echo_without_model(spec: str) -> bool:
+    """ECHO configured with a parameter-free drafter (SGLANG_ECHO_DRAFTER=ngram) needs no head."""
+    return spec == "echo" and _echo_drafter() == "ngram"
 
 
 def with_shipped_calibration(opts: ServerOptions) -> ServerOptions:
@@ -104,15 +106,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"[sglang-echo] model: {args.model}")
     if needs_draft:
-        from sglang_echo.models.drafts import DraftMismatch, default_eagle3_head
+        from sglang_echo.models.drafts import DraftMismatch, stage_head
 
+        from sglang_echo.models.drafts import SMOLLM2_DART, SMOLLM2_EAGLE3
+
+        dart = args.spec == "echo" and _echo_drafter() == "dart"
         try:
-            args.draft = default_eagle3_head(opts.model_path)
+            args.draft = stage_head(opts.model_path, SMOLLM2_DART if dart else SMOLLM2_EAGLE3)
         except DraftMismatch as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         opts = replace(opts, draft_path=args.draft)
-        print("[sglang-echo] no --draft given: using the shipped EAGLE-3 head (sglang_echo/assets/, see its README)")
+        print(f"[sglang-echo] no --draft given: using the shipped {'DART' if dart else 'EAGLE-3'} head "
+              "(sglang_echo/assets/, see its README)")
     if args.spec == "echo":
         opts = with_shipped_calibration(opts)
     cmd = build_command(opts)

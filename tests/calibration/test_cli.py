@@ -96,9 +96,9 @@ def test_calibrate_smollm2_end_to_end(tmp_path, smollm2_dir, drafter):
     assert ((s.conf >= 0) & (s.conf <= 1)).all() and (np.diff(s.conf, axis=1) <= 1e-6).all(), "c_{i,d} never grows with d"
     draft = None
     if drafter == "eagle3":
-        from sglang_echo.models.drafts import default_eagle3_head
+        from sglang_echo.models.drafts import stage_head
 
-        draft = str(default_eagle3_head(smollm2_dir))
+        draft = str(stage_head(smollm2_dir))
     calib = load_calibration_for(_calib_env(out, drafter), model_path=str(smollm2_dir), draft_path=draft)
     assert 1 in calib.sweet_spots and 4 in calib.sweet_spots
 

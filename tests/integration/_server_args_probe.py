@@ -1,8 +1,21 @@
-"""Run in a subprocess by test_registration.py (the CPU engine env must be set before sglang
-imports): parse and resolve sglang ServerArgs with ECHO, print the outcome as JSON."""
+"""Run in a subprocess (the CPU engine env must be set before sglang imports): parse and resolve
+sglang ServerArgs with ECHO, print the outcome as JSON. Tests call :func:`probe`."""
 
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
+
+
+def probe(cases: dict, cwd: Path) -> dict:
+    """``{name: {"argv": [...], "env": {...}}}`` -> ``{name: resolved settings or {"error": msg}}``."""
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
+    p = subprocess.run([sys.executable, __file__, json.dumps(cases)], capture_output=True, text=True, env=env,
+                       timeout=300, cwd=cwd, check=False)
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("PROBE-RESULT ")]
+    assert line, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads(line[0].split(" ", 1)[1])
 
 
 def resolve(argv):

@@ -36,6 +36,13 @@ def test_toml_and_inline(tmp_path: Path):
     assert (cfg.w_def, cfg.w_max) == (2, 3)
 
 
+def test_dart_drafter_and_its_ngram_switch():
+    cfg = load_config(environ={"SGLANG_ECHO_DRAFTER": "dart"})
+    assert cfg.drafter == "dart" and cfg.dart_ngram is True
+    assert load_config(environ={"SGLANG_ECHO_DART_NGRAM": "off"}).dart_ngram is False
+    assert load_config(environ={"SGLANG_ECHO_CONFIG": '{"dart_ngram": false}'}).dart_ngram is False
+
+
 @pytest.mark.parametrize(
     "env, match",
     [
@@ -47,6 +54,7 @@ def test_toml_and_inline(tmp_path: Path):
         ({"SGLANG_ECHO_WIDTH": "3"}, "width=3 must be >= max_depth"),
         ({"SGLANG_ECHO_WIDTH": "5"}, "smaller than the widest tree"),
         ({"SGLANG_ECHO_DRAFTER": "medusa"}, "drafter='medusa' is not supported"),
+        ({"SGLANG_ECHO_DART_NGRAM": "maybe"}, "dart_ngram='maybe' is not a valid boolean"),
         ({"SGLANG_ECHO_CONFIG": "/nonexistent/echo.json"}, "does not name a file"),
         ({"SGLANG_ECHO_CONFIG": '{"kmax": 3}'}, r"unknown setting\(s\) \['kmax'\]"),
         ({"SGLANG_ECHO_CONFIG": "{not json"}, "not valid JSON"),

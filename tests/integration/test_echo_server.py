@@ -124,10 +124,10 @@ def test_echo_smollm2(tmp_path_factory, prompt_ids, smollm2_dir):
     """The real SmolLM2-135M target with the shipped, trained EAGLE-3 head: drafts get accepted
     on most steps, so accepted branches, KV compaction and draft extend after accepts run
     through ECHO's trees. Greedy output must equal no speculation."""
-    from sglang_echo.models.drafts import default_eagle3_head
+    from sglang_echo.models.drafts import stage_head
 
     model = smollm2_dir
-    draft = default_eagle3_head(model)
+    draft = stage_head(model)
     inputs = prompt_ids[:12]
     ref = start(model, tag="smollm2-nospec", enable_metrics=False)
     try:

@@ -39,10 +39,10 @@ from sglang_echo.integration.ngram_worker import (
 )
 from sglang_echo.serve.client import Generation
 
+from ._server_args_probe import probe
 from .conftest import WORKERS, run_staggered, scrape
 from .test_config import write_calibration
 
-HERE = Path(__file__).resolve().parent
 NGRAM = {"SGLANG_ECHO_DRAFTER": "ngram"}
 
 
@@ -204,12 +204,7 @@ def test_server_args_for_the_ngram_drafter(tmp_path: Path):
         "with_draft": {"argv": base + ["--speculative-draft-model-path", str(model)], "env": NGRAM},
         "eagle3_no_draft": {"argv": base},
     }
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    p = subprocess.run([sys.executable, str(HERE / "_server_args_probe.py"), json.dumps(cases)],
-                       capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path, check=False)
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("PROBE-RESULT ")]
-    assert line, p.stdout[-3000:] + p.stderr[-3000:]
-    r = json.loads(line[0].split(" ", 1)[1])
+    r = probe(cases, tmp_path)
     e = r["env"]
     assert e["speculative_algorithm"] == "ECHO", e
     assert (e["speculative_num_steps"], e["speculative_eagle_topk"], e["speculative_num_draft_tokens"]) == (4, 2, 7)

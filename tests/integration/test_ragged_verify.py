@@ -204,9 +204,9 @@ def batch_inputs(smollm2_dir) -> list[list[int]]:
 
 @pytest.mark.server
 def test_ragged_equals_padded_eagle3(smollm2_dir, batch_inputs) -> None:
-    from sglang_echo.models.drafts import default_eagle3_head
+    from sglang_echo.models.drafts import stage_head
 
-    draft = default_eagle3_head(smollm2_dir)
+    draft = stage_head(smollm2_dir)
     env = {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": str(K_MAX)}
     _check_same_acceptance(_serve(smollm2_dir, draft, env, "ragged", batch_inputs),
                            _serve(smollm2_dir, draft, env, "padded", batch_inputs))

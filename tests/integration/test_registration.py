@@ -3,15 +3,13 @@ sglang's own argument parser accepts ``--speculative-algorithm ECHO``."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+from ._server_args_probe import probe
+
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +99,7 @@ def test_server_args_accept_echo(tmp_path: Path):
         "calib": {"argv": base, "env": {"SGLANG_ECHO_CALIBRATION": str(tmp_path / "missing.json")}},
         "policy": {"argv": base, "env": {"SGLANG_ECHO_POLICY": "nope"}},
     }
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    p = subprocess.run([sys.executable, str(HERE / "_server_args_probe.py"), json.dumps(cases)],
-                       capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("PROBE-RESULT ")]
-    assert line, p.stdout[-3000:] + p.stderr[-3000:]
-    r = json.loads(line[0].split(" ", 1)[1])
+    r = probe(cases, tmp_path)
     d = r["defaults"]
     assert d["speculative_algorithm"] == "ECHO"
     assert (d["speculative_num_steps"], d["speculative_eagle_topk"], d["speculative_num_draft_tokens"]) == (4, 2, 7)

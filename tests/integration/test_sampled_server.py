@@ -73,9 +73,9 @@ def test_reference_is_spread_and_the_test_has_power(reference) -> None:
 
 @pytest.mark.parametrize("drafter", ["eagle3", "ngram"])
 def test_echo_samples_the_target_distribution(drafter, smollm2_dir, prompt_ids, reference) -> None:
-    from sglang_echo.models.drafts import default_eagle3_head
+    from sglang_echo.models.drafts import stage_head
 
-    draft = default_eagle3_head(smollm2_dir) if drafter == "eagle3" else None
+    draft = stage_head(smollm2_dir) if drafter == "eagle3" else None
     env = {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": drafter}
     srv = start(smollm2_dir, spec="echo", draft=draft, env=env, tag=f"sampled-echo-{drafter}")
     try:

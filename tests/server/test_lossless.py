@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sglang_echo.models import prompts
-from sglang_echo.models.drafts import default_eagle3_head
+from sglang_echo.models.drafts import stage_head
 from sglang_echo.models.tiny import write_tiny_eagle3_draft
 from sglang_echo.serve.client import Generation, generate_many
 from sglang_echo.serve.flags import SpecOptions
@@ -50,7 +50,7 @@ def reference(baseline: LazyServer, prompt_ids: list[list[int]]) -> list[Generat
 
 def _draft(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path, kw) -> Path:
     if kw == "shipped":
-        return default_eagle3_head(smollm2_dir)
+        return stage_head(smollm2_dir)
     return write_tiny_eagle3_draft(tmp_path_factory.mktemp("draft") / "eagle3", smollm2_dir, **kw).path
 
 
