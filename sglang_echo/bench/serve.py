@@ -34,6 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from ..models.prompts import load_mixed
 from ..serve.client import Generation, generate
@@ -62,15 +63,33 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
 UNCALIBRATED = {"echo-paper"}
 
 
-def echo_env(name: str, args: argparse.Namespace) -> dict[str, str]:
-    """The ECHO configs' drafter and calibration (``--echo-drafter``, ``--calibration``)."""
+def echo_env(name: str, args: argparse.Namespace, shipped=None) -> dict[str, str]:
+    """The ECHO configs' drafter and calibration (``--echo-drafter``, ``--calibration``).
+
+    ``--calibration DIR`` (or ``shipped``, the calibrations that ship): every ECHO config gates
+    with the file there made for its own model and drafter, ``shipped(drafter)`` (a path or None);
+    a file applies to the configs whose drafter is not pinned."""
     env = dict(CONFIGS[name][2])
     if CONFIGS[name][0] == "echo":
         pinned = "SGLANG_ECHO_DRAFTER" in env
         env.setdefault("SGLANG_ECHO_DRAFTER", args.echo_drafter)
-        if args.calibration and name not in UNCALIBRATED and not pinned:
-            env["SGLANG_ECHO_CALIBRATION"] = str(Path(args.calibration).resolve())
+        calib = None
+        if calibration_dir(args) is not None and shipped is not None:
+            calib = shipped(env["SGLANG_ECHO_DRAFTER"])
+        elif args.calibration and not pinned:
+            calib = Path(args.calibration).resolve()
+        if calib is not None and name not in UNCALIBRATED:
+            env["SGLANG_ECHO_CALIBRATION"] = str(calib)
     return env
+
+
+def calibration_dir(args: argparse.Namespace) -> Optional[Path]:
+    """The folder ``--calibration`` names (``shipped``: the package's), or None for a file / none."""
+    if args.calibration == "shipped":
+        from ..calibration.shipped import SHIPPED
+
+        return SHIPPED
+    return Path(args.calibration) if args.calibration and Path(args.calibration).is_dir() else None
 
 
 @dataclass
@@ -254,6 +273,7 @@ def _one_level(url: str, texts: list[str], concurrency: int, max_new: int) -> tu
 def run(args: argparse.Namespace) -> Report:
     from transformers import AutoTokenizer
 
+    from ..calibration.shipped import shipped_calibration
     from ..models.drafts import SMOLLM2_DART, stage_head
     from ..models.prepare import prepare
 
@@ -274,8 +294,12 @@ def run(args: argparse.Namespace) -> Report:
     reference: dict[int, list[list[int]]] = {}
     for name in args.configs.split(","):
         spec, knobs, _ = CONFIGS[name]
-        env = echo_env(name, args)
+        env = echo_env(name, args, lambda drafter: shipped_calibration(model, drafter, heads.get(drafter),
+                                                                      root=calibration_dir(args)))
         head = heads.get(env.get("SGLANG_ECHO_DRAFTER", "eagle3")) if spec in ("eagle3", "echo") else None
+        if spec == "echo":
+            print(f"[echo-bench] {name}: drafter {env['SGLANG_ECHO_DRAFTER']}, "
+                  f"calibration {env.get('SGLANG_ECHO_CALIBRATION', 'none (paper gates)')}", flush=True)
         opts = ServerOptions(model_path=model, port=args.port, spec=spec, draft_path=head,
                              spec_options=knobs, dtype=args.dtype, max_running_requests=max(levels),
                              enable_metrics=True, extra_env=tuple(env.items()))
@@ -429,7 +453,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--echo-drafter", choices=("eagle3", "dart", "ngram"), default="eagle3",
                     help="the drafter of the echo* configs (echo-dart and echo-ngram pin theirs)")
     ap.add_argument("--dart-draft", default=None, help="DART head for the dart drafter (default: the shipped one)")
-    ap.add_argument("--calibration", default=None, help="echo-calibrate output for the echo* configs (default: paper gates)")
+    ap.add_argument("--calibration", default=None, help="echo-calibrate output for the echo* configs, or a folder of them / 'shipped' (each "
+                    "config takes the file made for its drafter; default: paper gates)")
     ap.add_argument("--port", type=int, default=30400)
     ap.add_argument("--out", default="benchmarks/results/cpu")
     args = ap.parse_args(argv)

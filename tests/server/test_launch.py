@@ -56,6 +56,15 @@ def test_echo_with_the_ngram_drafter_needs_no_head(smollm2_dir: Path, monkeypatc
     assert "smollm2-135m-instruct-ngram.json (shipped" in r.stdout
 
 
+def test_echo_with_the_dart_drafter_uses_the_shipped_dart_head(smollm2_dir: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SGLANG_ECHO_DRAFTER", "dart")
+    r = _launch("--spec", "echo", "--port", "32098", "--dry-run", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "shipped DART head" in r.stdout
+    assert "-dart-smollm2-135m-instruct" in r.stdout.split("exec:")[1]
+    assert "smollm2-135m-instruct-dart.json (shipped" in r.stdout
+
+
 def test_a_draft_dir_without_config_is_refused(tmp_path: Path) -> None:
     r = _launch("--spec", "eagle3", "--port", "32098", "--draft", str(tmp_path))
     assert r.returncode == 2
