@@ -81,6 +81,8 @@ class LlamaForCausalLMDart(LlamaForCausalLMEagle3):
         ``prefix_slots [B, L]``: their KV-pool slots (``req_to_token`` rows, ``L >= max P``);
         ``k_buffer, v_buffer [slots, kv_heads, D]``: the draft layer's KV pool.
         """
+        if k_buffer.element_size() == 1:  # fp8 KV caches store scaled values; mask_logits reads them raw
+            raise NotImplementedError("ECHO's DART drafter does not read an fp8 draft KV cache yet")
         layer = self.model.layers[0]
         attn = layer.self_attn
         B, m, H = seq_lens.numel(), self.num_masks, self.config.hidden_size
