@@ -63,19 +63,19 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
 UNCALIBRATED = {"echo-paper"}
 
 
-def echo_env(name: str, args: argparse.Namespace, shipped=None) -> dict[str, str]:
+def echo_env(name: str, args: argparse.Namespace, pick=None) -> dict[str, str]:
     """The ECHO configs' drafter and calibration (``--echo-drafter``, ``--calibration``).
 
-    ``--calibration DIR`` (or ``shipped``, the calibrations that ship): every ECHO config gates
-    with the file there made for its own model and drafter, ``shipped(drafter)`` (a path or None);
-    a file applies to the configs whose drafter is not pinned."""
+    With ``--calibration DIR`` (or ``shipped``), ``pick(drafter)`` is the file there made for the
+    model and that drafter (or None), and every ECHO config gates with its own drafter's; a file
+    applies to the configs whose drafter is not pinned."""
     env = dict(CONFIGS[name][2])
     if CONFIGS[name][0] == "echo":
         pinned = "SGLANG_ECHO_DRAFTER" in env
         env.setdefault("SGLANG_ECHO_DRAFTER", args.echo_drafter)
         calib = None
-        if calibration_dir(args) is not None and shipped is not None:
-            calib = shipped(env["SGLANG_ECHO_DRAFTER"])
+        if pick is not None:
+            calib = pick(env["SGLANG_ECHO_DRAFTER"])
         elif args.calibration and not pinned:
             calib = Path(args.calibration).resolve()
         if calib is not None and name not in UNCALIBRATED:
@@ -280,6 +280,8 @@ def run(args: argparse.Namespace) -> Report:
     model = prepare(dtype=args.dtype).path
     draft = Path(args.draft) if args.draft else stage_head(model)
     heads = {"eagle3": draft, "dart": Path(args.dart_draft) if args.dart_draft else stage_head(model, SMOLLM2_DART)}
+    calib_dir = calibration_dir(args)
+    pick = None if calib_dir is None else lambda drafter: shipped_calibration(model, drafter, heads.get(drafter), calib_dir)
     tokenizer = AutoTokenizer.from_pretrained(model)
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts_all = load_mixed(args.per_set)
@@ -294,8 +296,7 @@ def run(args: argparse.Namespace) -> Report:
     reference: dict[int, list[list[int]]] = {}
     for name in args.configs.split(","):
         spec, knobs, _ = CONFIGS[name]
-        env = echo_env(name, args, lambda drafter: shipped_calibration(model, drafter, heads.get(drafter),
-                                                                      root=calibration_dir(args)))
+        env = echo_env(name, args, pick)
         head = heads.get(env.get("SGLANG_ECHO_DRAFTER", "eagle3")) if spec in ("eagle3", "echo") else None
         if spec == "echo":
             print(f"[echo-bench] {name}: drafter {env['SGLANG_ECHO_DRAFTER']}, "

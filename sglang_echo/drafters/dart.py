@@ -49,6 +49,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -60,7 +61,7 @@ from sglang_echo.core.policy import BuildState, Frontier, TreePolicy
 from sglang_echo.core.tree import Candidates, DraftTrees, NodePool
 
 from .base import Drafter, check_catch_up
-from .dart_head import DartHead
+from .dart_head import TRIE_FILE, DartHead
 from .ngram_trie import LocalNGrams, NGramTrie, continuation_prob
 
 
@@ -429,18 +430,20 @@ class DartTreePolicy(TreePolicy):
         return self.drafter.algorithm1(state.pool.tokens[:, 0], state.active, self.max_depth)
 
 
+def load_head_trie(draft, vocab_size: int, ngram: Optional[str] = None) -> Optional[NGramTrie]:
+    """A DART head's n-gram trie: ``ngram`` if given (it must exist), else ``DIR/ngram-trie.safetensors``
+    when the head directory has one, else None (only the request's own n-grams count)."""
+    path = Path(ngram) if ngram else Path(draft) / TRIE_FILE
+    return NGramTrie.load(path, vocab_size=vocab_size) if ngram or path.is_file() else None
+
+
 def load_dart_drafter(draft, embed: Tensor, num_target_layers: int, ngram: Optional[str] = None,
                       use_ngram: bool = True, eos_id: Optional[int] = None, device=None) -> DartDrafter:
-    """A DART head directory (+ its n-gram trie: ``ngram`` or ``DIR/ngram-trie.safetensors``) -> drafter."""
-    from pathlib import Path
-
+    """A DART head directory (+ its n-gram trie, :func:`load_head_trie`) -> drafter."""
     head = DartHead.load(Path(draft), embed=embed, num_target_layers=num_target_layers)
-    trie = None
-    if use_ngram:
-        path = Path(ngram) if ngram else Path(draft) / "ngram-trie.safetensors"
-        if ngram or path.exists():
-            trie = NGramTrie.load(path, vocab_size=head.cfg.vocab_size)
+    trie = load_head_trie(draft, head.cfg.vocab_size, ngram) if use_ngram else None
     return DartDrafter(head, trie=trie, use_ngram=use_ngram, eos_id=eos_id, device=device)
 
 
-__all__ = ["CombineConfig", "DartDrafter", "DartSearch", "DartTreePolicy", "combine", "load_dart_drafter"]
+__all__ = ["CombineConfig", "DartDrafter", "DartSearch", "DartTreePolicy", "combine", "load_dart_drafter",
+           "load_head_trie"]

@@ -46,6 +46,7 @@ from .eagle3_head import Eagle3Config, Eagle3Head, rope
 
 ARCHITECTURE = "LlamaForCausalLMDart"
 MASK_KEY = "midlayer.mask_rep"
+TRIE_FILE = "ngram-trie.safetensors"  # the n-gram trie DART's pruning reads, next to the head
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ offline policy (``echo-bench acceptance``), not a server one.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -39,12 +38,12 @@ from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 
 from sglang_echo.core.policy import Frontier
 from sglang_echo.core.tree import Candidates
-from sglang_echo.drafters.dart import CombineConfig, DartSearch
+from sglang_echo.drafters.dart import CombineConfig, DartSearch, load_head_trie
 from sglang_echo.drafters.dart_head import ARCHITECTURE, MASK_KEY
-from sglang_echo.drafters.ngram_trie import NGramTrie
+
+from .drafter import draft_extend_topk
 
 log = logging.getLogger(__name__)
-TRIE_FILE = "ngram-trie.safetensors"
 
 
 class LlamaForCausalLMDart(LlamaForCausalLMEagle3):
@@ -124,12 +123,9 @@ def register_dart_model() -> None:
 def make_dart_search(draft_path: str, vocab_size: int, use_ngram: bool, device) -> DartSearch:
     """The step search for a DART head directory: its n-gram trie (``ngram-trie.safetensors`` next
     to the head) when n-gram pruning is on; without a trie only the request's own n-grams count."""
-    trie = None
-    path = Path(draft_path) / TRIE_FILE
-    if use_ngram and path.is_file():
-        trie = NGramTrie.load(path, vocab_size=vocab_size)
+    trie = load_head_trie(draft_path, vocab_size) if use_ngram else None
     search = DartSearch(vocab_size, trie=trie, use_ngram=use_ngram, combine_cfg=CombineConfig())
-    log.info("ECHO DART drafter: %s (%s)", search.describe(), path if trie is not None else "no trie")
+    log.info("ECHO DART drafter: %s (%s)", search.describe(), draft_path)
     return search.to(device)
 
 
@@ -150,10 +146,7 @@ class DartFrontierDrafter:
 
     def __init__(self, worker, batch, spec_info, search: DartSearch):
         self.w, self.batch, self.search = worker, batch, search
-        topk_index = spec_info.topk_index
-        if worker.hot_token_id is not None:
-            topk_index = worker.hot_token_id[topk_index]
-        self.root_p, self.root_index = spec_info.topk_p, topk_index  # [bs, topk]: marginal 1
+        self.root_p, self.root_index = draft_extend_topk(worker, spec_info)  # marginal 1
         self.forwards = 0
 
     def propose(self, frontier: Frontier, k: int) -> Candidates:

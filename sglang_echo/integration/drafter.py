@@ -28,6 +28,15 @@ from sglang_echo.core.policy import Frontier
 from sglang_echo.core.tree import Candidates
 
 
+def draft_extend_topk(worker, spec_info) -> tuple[Tensor, Tensor]:
+    """The roots' children that the previous step's draft extend computed: ``(probs, target ids)``,
+    ``[bs, topk]`` each (draft-vocabulary ids mapped through the hot-token map)."""
+    topk_index = spec_info.topk_index
+    if worker.hot_token_id is not None:
+        topk_index = worker.hot_token_id[topk_index]
+    return spec_info.topk_p, topk_index
+
+
 class EagleFrontierDrafter:
     def __init__(self, worker, forward_batch, spec_info, out_cache_loc: Tensor):
         """``worker`` is the (ECHO) EagleDraftWorker; ``out_cache_loc`` is ``[steps, bs*topk]``."""
@@ -36,10 +45,7 @@ class EagleFrontierDrafter:
         self.topk = worker.topk
         self.bs = forward_batch.batch_size
         self.out_cache_loc = out_cache_loc
-        topk_index = spec_info.topk_index
-        if worker.hot_token_id is not None:
-            topk_index = worker.hot_token_id[topk_index]
-        self.root_p, self.root_index = spec_info.topk_p, topk_index  # [bs, topk]
+        self.root_p, self.root_index = draft_extend_topk(worker, spec_info)  # [bs, topk]
         # Hidden state each candidate of the last proposal would be expanded with, and where.
         self._hidden: Tensor = spec_info.hidden_states  # [rows, H]
         self._cand_rows: Optional[Tensor] = None  # [bs, C] row into self._hidden

@@ -17,6 +17,7 @@ import json
 import shutil
 from pathlib import Path
 
+from ..drafters.dart_head import TRIE_FILE
 from .cache import atomic_dir, is_fresh, locked, models_dir
 from .tiny import copy_tokenizer, write_tiny_eagle3_draft
 
@@ -24,7 +25,7 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SMOLLM2_EAGLE3 = ASSETS / "eagle3-smollm2-135m-instruct"
 SMOLLM2_DART = ASSETS / "dart-smollm2-135m-instruct"
 HEAD_FILES = ("config.json", "model.safetensors")
-OPTIONAL_FILES = ("ngram-trie.safetensors",)  # DART's n-gram trie, read next to its head
+OPTIONAL_FILES = (TRIE_FILE,)  # DART's n-gram trie, read next to its head
 
 
 class DraftMismatch(ValueError):

@@ -106,9 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"[sglang-echo] model: {args.model}")
     if needs_draft:
-        from sglang_echo.models.drafts import DraftMismatch, stage_head
-
-        from sglang_echo.models.drafts import SMOLLM2_DART, SMOLLM2_EAGLE3
+        from sglang_echo.models.drafts import SMOLLM2_DART, SMOLLM2_EAGLE3, DraftMismatch, stage_head
 
         dart = args.spec == "echo" and _echo_drafter() == "dart"
         try:
