@@ -31,7 +31,7 @@ serve: $(STAMP)
 	$(PY) -m sglang_echo.serve.launch --spec $(SPEC) --port $(PORT) $(if $(DRAFT),--draft $(DRAFT))
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not server"

@@ -17,8 +17,9 @@ writes every accepted pair into the draft KV pool and computes the last pair's l
 * :class:`DartFrontierDrafter` is the core's drafter protocol over one step: marginal 1 from the
   draft extend, marginals ``2..d`` from :meth:`mask_logits`, and the tree search of
   :class:`~sglang_echo.drafters.dart.DartSearch` (DART's COMBINE ranking with the n-gram trie and
-  the request's own n-grams). Any core policy builds the trees from it; sglang verifies them as it
-  does EAGLE's (:mod:`.worker`).
+  the request's own n-grams, read from a :class:`~.history.TokenHistory` that each step extends
+  by the tokens just committed). Any core policy builds the trees from it; sglang verifies them as
+  it does EAGLE's (:mod:`.worker`).
 
 Because the depth-1 candidates come from the draft extend's top-k, a policy can ask for at most
 ``--speculative-eagle-topk`` children of a root (the same bound as the EAGLE-3 drafter); deeper
@@ -42,6 +43,7 @@ from sglang_echo.drafters.dart import CombineConfig, DartSearch, load_head_trie
 from sglang_echo.drafters.dart_head import ARCHITECTURE, MASK_KEY
 
 from .drafter import draft_extend_topk
+from .history import TokenHistory
 
 log = logging.getLogger(__name__)
 
@@ -129,23 +131,11 @@ def make_dart_search(draft_path: str, vocab_size: int, use_ngram: bool, device) 
     return search.to(device)
 
 
-def committed_tokens(reqs, device) -> tuple[Tensor, Tensor]:
-    """Every request's committed tokens (prompt + output), right-padded: ``(hist [B, L], len [B])``.
-
-    Under overlap scheduling ``output_ids`` lags one step; the n-gram context is then one step
-    stale, which changes draft quality only (the target verifies every token).
-    """
-    seqs = [torch.as_tensor(list(r.origin_input_ids_unpadded) + list(r.output_ids), dtype=torch.int64) for r in reqs]
-    lens = torch.tensor([s.numel() for s in seqs], dtype=torch.int64)
-    hist = nn.utils.rnn.pad_sequence(seqs, batch_first=True) if seqs else torch.zeros(0, 1, dtype=torch.int64)
-    return hist.to(device), lens.to(device)
-
-
 class DartFrontierDrafter:
     """The core's drafter protocol for one ECHO step of the DART drafter (module docstring)."""
 
-    def __init__(self, worker, batch, spec_info, search: DartSearch):
-        self.w, self.batch, self.search = worker, batch, search
+    def __init__(self, worker, batch, spec_info, search: DartSearch, history: TokenHistory):
+        self.w, self.batch, self.search, self.history = worker, batch, search, history
         self.root_p, self.root_index = draft_extend_topk(worker, spec_info)  # marginal 1
         self.forwards = 0
 
@@ -176,6 +166,8 @@ class DartFrontierDrafter:
         ids0 = torch.zeros(bs, 1, K, dtype=ids.dtype, device=ids.device)
         lp0[:, 0, :k0] = torch.log(self.root_p[:, :k0].float().clamp(min=1e-30))
         ids0[:, 0, :k0] = self.root_index[:, :k0].to(ids.dtype)
-        hist, hist_len = committed_tokens(batch.reqs, lp.device)
+        # Under overlap scheduling output_ids lags one step: the n-gram context is then one step
+        # stale, which changes draft quality only (the target verifies every token).
+        hist, hist_len = self.history.gather(batch.reqs)
         ready = torch.ones(bs, dtype=torch.bool, device=lp.device)
         self.search.begin(torch.cat([lp0, lp], 1), torch.cat([ids0, ids], 1), hist, hist_len, ready)

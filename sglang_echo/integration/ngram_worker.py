@@ -51,6 +51,7 @@ from sglang_echo.core.tree import Candidates, NodePool
 from sglang_echo.drafters.ngram import NGramDrafter
 
 from .config import EchoConfig, load_calibration_for, load_config, make_echo_policy
+from .history import History
 from .metrics import EchoMetrics, TimedDrafter, timing_sync
 from .padded import to_sglang_dense
 from .ragged import MARK, resolve_verify_mode, target_tokens
@@ -59,37 +60,6 @@ log = logging.getLogger(__name__)
 
 
 # -- per-request drafter state ------------------------------------------------------------------
-class History:
-    """A request's committed tokens, ``origin + output + extra``, without copying them."""
-
-    def __init__(self, origin: Sequence[int], output: Sequence[int], extra: Sequence[int] = ()):
-        self.parts = (origin, output, extra)
-        self._len = len(origin) + len(output) + len(extra)
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __getitem__(self, i: int) -> int:
-        if i < 0:
-            i += self._len
-        for p in self.parts:
-            if i < len(p):
-                return int(p[i])
-            i -= len(p)
-        raise IndexError(i)
-
-    def tail(self, start: int) -> list[int]:
-        """Tokens ``[start, len)``."""
-        out: list[int] = []
-        for p in self.parts:
-            if start < len(p):
-                out.extend(int(x) for x in p[start:])
-                start = 0
-            else:
-                start -= len(p)
-        return out
-
-
 @dataclass
 class _State:
     drafter: NGramDrafter
@@ -117,7 +87,7 @@ class RequestDrafters:
         if n == 0:
             raise ValueError(f"request {rid!r} has no tokens")
         st = self._states.get(rid)
-        if st is not None and (n < st.held or hist[st.held - 1] != st.last):
+        if st is not None and not hist.extends(st.held, st.last):
             # Not an extension of what we hold (retracted and re-run, or a reused rid): rebuild.
             st, self.rebuilds = None, self.rebuilds + 1
         if st is None:

@@ -83,6 +83,7 @@ class EchoDraftWorker(EagleDraftWorker):
     echo_sync = staticmethod(_noop)  # .metrics.timing_sync(device), set by EchoWorker
     echo_metrics = None  # the EchoWorker's EchoMetrics (per-request tree depths)
     echo_dart = None  # drafter dart: the step's DartSearch (None: EAGLE-3 drafting)
+    echo_history = None  # drafter dart: the live requests' committed tokens (TokenHistory)
 
     def draft(self, batch, *, with_topology: bool = False):
         if with_topology:
@@ -106,7 +107,7 @@ class EchoDraftWorker(EagleDraftWorker):
         if self.echo_dart is not None:
             from .dart import DartFrontierDrafter
 
-            frontier = DartFrontierDrafter(self, batch, draft_input, self.echo_dart)
+            frontier = DartFrontierDrafter(self, batch, draft_input, self.echo_dart, self.echo_history)
         else:
             if policy.max_depth > 1 and steps > 1:
                 self.draft_attn_backend.init_forward_metadata(forward_batch)
@@ -201,7 +202,10 @@ class EchoWorker(EAGLEWorkerV2):
             # The captured draft graph returns EAGLE's organized tree; ECHO drafts eagerly.
             dw.cuda_graph_runner = None
             if cfg.drafter == "dart":
+                from .history import TokenHistory
+
                 dw.echo_dart = self._dart_search(dw, server_args, cfg)
+                dw.echo_history = TokenHistory(self.device)
         self.echo_metrics = EchoMetrics(cfg, enabled=bool(getattr(server_args, "enable_metrics", False)))
         self.echo_sync = timing_sync(self.device)
         if dw is not None:

@@ -1,8 +1,11 @@
 """Fixtures for the ECHO integration tests: tiny artefacts and real sglang servers.
 
 Ports come from 33000-33099 (pairs: HTTP + sglang's rendezvous port), bound to 127.0.0.1.
-Every core policy and the SmolLM2 case run by default (about 5 min on 2 cores);
-``SGLANG_ECHO_QUICK=1`` keeps only echo + two baselines (``echo_matrix`` marks the rest).
+Every drafter runs echo, chain and static-tree in a server. The other policies (``echo_matrix``)
+are drafter-agnostic in the core, so by default each runs with one drafter (:data:`DEFAULT_PAIRS`:
+every policy and every drafter still meet a server, in a CI-sized run);
+``SGLANG_ECHO_FULL_MATRIX=1`` runs every drafter x policy and ``SGLANG_ECHO_QUICK=1`` none of them
+(nor the SmolLM2 EAGLE-3 case).
 """
 
 from __future__ import annotations
@@ -29,6 +32,23 @@ SPEC = SpecOptions(num_steps=4, eagle_topk=2, num_draft_tokens=7)
 MAX_NEW_TOKENS = 32
 WORKERS = 8
 STAGGER_S = 0.15  # request i is sent at i*STAGGER_S (capped by the pool): joins mid-decode
+SMOLLM2_PROMPT_TOKENS = 160
+MATRIX_POLICIES = ("ar", "dense-gating", "fixed-threshold", "budgeted-chain")
+# Gating variants go to drafters whose drafts SmolLM2 accepts; the tiny EAGLE-3 pair rarely is.
+DEFAULT_PAIRS = {"eagle3": ("ar", "budgeted-chain"), "ngram": ("dense-gating",), "dart": ("fixed-threshold",)}
+
+
+def matrix(drafter: str, policies: tuple[str, ...] = MATRIX_POLICIES) -> list:
+    """``echo_matrix`` parameters for ``drafter``: the pairs outside :data:`DEFAULT_PAIRS` skip
+    unless ``SGLANG_ECHO_FULL_MATRIX=1``."""
+    full = os.environ.get("SGLANG_ECHO_FULL_MATRIX") == "1"
+    params = []
+    for policy in policies:
+        marks = [pytest.mark.echo_matrix]
+        if not full and policy not in DEFAULT_PAIRS[drafter]:
+            marks.append(pytest.mark.skip(reason=f"{drafter} x {policy}: full matrix only (SGLANG_ECHO_FULL_MATRIX=1)"))
+        params.append(pytest.param(policy, marks=marks))
+    return params
 
 
 def run_staggered(url: str, inputs, **kw) -> list[Generation]:
@@ -64,6 +84,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "echo_matrix" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def smollm2_prompts(smollm2_dir: Path) -> list[list[int]]:
+    """16 prompts (chat, math, summarize, humaneval x 4, interleaved), their last 160 tokens."""
+    from transformers import AutoTokenizer
+
+    from sglang_echo.models import prompts
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
+    return [tok(p.as_text(tok), add_special_tokens=False).input_ids[-SMOLLM2_PROMPT_TOKENS:]
+            for p in prompts.load_mixed(4)]
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2_dir: Path, smollm2_prompts) -> list[Generation]:
+    """A no-speculation SmolLM2 (float32) server's greedy outputs for :func:`smollm2_prompts`, 8
+    staggered: the reference of every drafter's SmolLM2 server tests (one server per session)."""
+    srv = start(smollm2_dir, tag="smollm2-nospec", enable_metrics=False)
+    try:
+        return run_staggered(srv.base_url, smollm2_prompts)
+    finally:
+        srv.stop()
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,10 @@
 
 SmolLM2-135M (float32) with the shipped DART head and its n-gram trie:
 
-* every serving policy (``beam-tree`` is the calibration probe) is lossless: greedy outputs equal a no-speculation server's token for token,
-  8 staggered concurrent requests, ``K_max`` binding (``echo_matrix`` marks the policies beyond
-  echo / chain / static-tree), and drafts get accepted;
+* every serving policy (``beam-tree`` is the calibration probe; ``ar`` drafts nothing) is
+  lossless: greedy outputs equal a no-speculation server's token for token, 8 staggered
+  concurrent requests, ``K_max`` binding, and drafts get accepted (the policies beyond echo /
+  chain / static-tree: see :func:`.conftest.matrix`);
 * DART's n-gram pruning off (``dart_ngram: false``) is lossless too;
 * the server drafts what the offline DART drafter drafts: one request at a time under the chain
   policy, each request's accepted drafts equal :func:`sglang_echo.eval.loop.speculative_generate`
@@ -25,9 +26,8 @@ import torch
 from sglang_echo.serve.client import Generation, generate
 
 from ._server_args_probe import probe
-from .conftest import SPEC, WORKERS, run_staggered, scrape, start
+from .conftest import SPEC, WORKERS, matrix, run_staggered, scrape, start
 
-PROMPT_TOKENS = 160
 K_MAX = 12  # < 8 requests x 7 slots: the budget binds whenever >= 2 requests are running
 DART = {"SGLANG_ECHO_DRAFTER": "dart"}
 BUDGETED = ("echo", "budgeted-chain", "dense-gating", "fixed-threshold")
@@ -43,22 +43,13 @@ def dart_head(smollm2_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(smollm2_dir) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    from sglang_echo.models import prompts
-
-    tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
-    return [tok(p.as_text(tok), add_special_tokens=False).input_ids[-PROMPT_TOKENS:] for p in prompts.load_mixed(2)]
+def prompt_ids(smollm2_prompts) -> list[list[int]]:
+    return smollm2_prompts[:8]  # 2 per prompt set
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2_dir, prompt_ids) -> list[Generation]:
-    srv = start(smollm2_dir, tag="dart-nospec", enable_metrics=False)
-    try:
-        return run_staggered(srv.base_url, prompt_ids)
-    finally:
-        srv.stop()
+def reference(smollm2_reference) -> list[Generation]:
+    return smollm2_reference[:8]
 
 
 def serve(policy: str, smollm2_dir: Path, dart_head: Path, prompt_ids, *, env: dict | None = None,
@@ -137,8 +128,7 @@ def test_dart_baseline_lossless(policy, smollm2_dir, dart_head, prompt_ids, refe
     check_lossless(policy, got, reference, metrics)
 
 
-@pytest.mark.echo_matrix
-@pytest.mark.parametrize("policy", ["dense-gating", "fixed-threshold", "budgeted-chain"])  # ar drafts nothing
+@pytest.mark.parametrize("policy", matrix("dart", ("dense-gating", "fixed-threshold", "budgeted-chain")))  # ar drafts nothing
 def test_dart_policy_matrix(policy, smollm2_dir, dart_head, prompt_ids, reference):
     got, metrics, _ = serve(policy, smollm2_dir, dart_head, prompt_ids,
                             env={"SGLANG_ECHO_CONFIG": json.dumps({"fixed_tau": 0.2})} if policy == "fixed-threshold" else None)

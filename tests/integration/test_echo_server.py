@@ -3,8 +3,8 @@ early-exit EAGLE-3 head): greedy outputs equal no-speculation outputs token for 
 8 concurrent requests joining at different times; the per-step budget K_max holds.
 
 Echo (calibrated gates, K_max binding) and two baselines (chain, static-tree) on the
-identical worker. The other policies (``echo_matrix``, one server each) run too unless
-``SGLANG_ECHO_QUICK=1``.
+identical worker. The other policies (``echo_matrix``, one server each): see
+:func:`.conftest.matrix`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import requests
 
 from sglang_echo.serve.client import Generation
 
-from .conftest import MAX_NEW_TOKENS, SPEC, WORKERS, run_staggered, scrape, start
+from .conftest import MAX_NEW_TOKENS, SPEC, WORKERS, matrix, run_staggered, scrape, start
 from .test_config import write_calibration
 
 pytestmark = pytest.mark.server
@@ -113,14 +113,13 @@ def test_baseline_greedy_lossless(policy, tiny_pair, prompt_ids, reference, tmp_
     run_policy(policy, tiny_pair, prompt_ids, reference, tmp_path_factory)
 
 
-@pytest.mark.echo_matrix
-@pytest.mark.parametrize("policy", ["ar", "dense-gating", "fixed-threshold", "budgeted-chain"])
+@pytest.mark.parametrize("policy", matrix("eagle3"))
 def test_full_policy_matrix(policy, tiny_pair, prompt_ids, reference, tmp_path_factory):
     run_policy(policy, tiny_pair, prompt_ids, reference, tmp_path_factory)
 
 
 @pytest.mark.echo_matrix
-def test_echo_smollm2(tmp_path_factory, prompt_ids, smollm2_dir):
+def test_echo_smollm2(smollm2_dir, smollm2_prompts, smollm2_reference):
     """The real SmolLM2-135M target with the shipped, trained EAGLE-3 head: drafts get accepted
     on most steps, so accepted branches, KV compaction and draft extend after accepts run
     through ECHO's trees. Greedy output must equal no speculation."""
@@ -128,12 +127,7 @@ def test_echo_smollm2(tmp_path_factory, prompt_ids, smollm2_dir):
 
     model = smollm2_dir
     draft = stage_head(model)
-    inputs = prompt_ids[:12]
-    ref = start(model, tag="smollm2-nospec", enable_metrics=False)
-    try:
-        want = run_staggered(ref.base_url, inputs)
-    finally:
-        ref.stop()
+    inputs, want = smollm2_prompts[:12], smollm2_reference[:12]
     env = {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": str(K_MAX),
            "SGLANG_ECHO_CONFIG": json.dumps({"fixed_tau": 0.0})}
     srv = start(model, spec="echo", draft=draft, env=env, tag="smollm2-echo")

@@ -12,7 +12,7 @@ n-gram drafter serves with no draft model, and its greedy outputs equal a no-spe
 server's token for token with 8 staggered concurrent requests, for every core policy: ``echo``
 (calibrated gates, K_max binding) on all 16 prompts, the baselines on 8 each. Every drafting
 policy must get drafts accepted. ``echo_matrix`` (ar, dense-gating, fixed-threshold,
-budgeted-chain) is skipped with ``SGLANG_ECHO_QUICK=1``.
+budgeted-chain): see :func:`.conftest.matrix`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from sglang_echo.integration.ngram_worker import (
 from sglang_echo.serve.client import Generation
 
 from ._server_args_probe import probe
-from .conftest import WORKERS, run_staggered, scrape
+from .conftest import WORKERS, matrix, run_staggered, scrape
 from .test_config import write_calibration
 
 NGRAM = {"SGLANG_ECHO_DRAFTER": "ngram"}
@@ -215,25 +215,19 @@ def test_server_args_for_the_ngram_drafter(tmp_path: Path):
 
 
 # -- servers ------------------------------------------------------------------------------------
-PROMPT_TOKENS = 160
 K_MAX = 12  # < 8 requests x 7 slots: the budget binds whenever >= 2 requests are running
 FEW = 8  # prompts for the baselines (2 per prompt set)
 ELASTIC = ("echo", "dense-gating", "fixed-threshold")
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(smollm2_dir) -> list[list[int]]:
-    from transformers import AutoTokenizer
+def prompt_ids(smollm2_prompts) -> list[list[int]]:
+    return smollm2_prompts
 
-    from sglang_echo.models import prompts
 
-    tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
-    out = []
-    for p in prompts.load_mixed(4):  # chat, math, summarize, humaneval x 4 = 16 prompts
-        ids = tok(p.as_text(tok), add_special_tokens=False).input_ids
-        out.append(ids[-PROMPT_TOKENS:])
-    assert len(out) >= 12
-    return out
+@pytest.fixture(scope="module")
+def reference(smollm2_reference) -> list[Generation]:
+    return smollm2_reference
 
 
 def _start(model: Path, *, spec: str = "none", env: dict | None = None, tag: str = ""):
@@ -244,15 +238,6 @@ def _start(model: Path, *, spec: str = "none", env: dict | None = None, tag: str
         model_path=model, spec=spec, dtype="float32", enable_metrics=spec != "none",
         max_total_tokens=8192, context_length=1024, extra_env=tuple(sorted((env or {}).items())),
     )
-
-
-@pytest.fixture(scope="module")
-def reference(smollm2_dir, prompt_ids) -> list[Generation]:
-    srv = _start(smollm2_dir, tag="nospec")
-    try:
-        return run_staggered(srv.base_url, prompt_ids)
-    finally:
-        srv.stop()
 
 
 def run_policy(policy: str, smollm2_dir: Path, prompt_ids, reference, tmp_path_factory, n: int):
@@ -322,7 +307,6 @@ def test_ngram_baseline_lossless(policy, smollm2_dir, prompt_ids, reference, tmp
 
 
 @pytest.mark.server
-@pytest.mark.echo_matrix
-@pytest.mark.parametrize("policy", ["ar", "dense-gating", "fixed-threshold", "budgeted-chain"])
+@pytest.mark.parametrize("policy", matrix("ngram"))
 def test_ngram_full_policy_matrix(policy, smollm2_dir, prompt_ids, reference, tmp_path_factory):
     run_policy(policy, smollm2_dir, prompt_ids, reference, tmp_path_factory, n=FEW)
