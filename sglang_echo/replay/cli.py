@@ -4,6 +4,7 @@
     echo-replay measure-cost  --target DIR --drafter eagle3 --out cost-cpu.json
     echo-replay run           --trace out/replay/eagle3 --cost cost-cpu.json --out results/replay
     echo-replay validate      --trace out/replay/eagle3 --num-prompts 4
+    echo-replay validate-server --trace out/replay/eagle3 --num-prompts 4
 
 See ``sglang_echo/replay/README.md`` for the trace format, the cost model and the limits.
 """
@@ -208,8 +209,7 @@ def cmd_validate(args, argv) -> None:
     target, drafter = _load_target(args.target or trace.meta.target, trace.meta.drafter, args.draft or trace.meta.draft,
                                    args.device)
     policies, cfg = _policies(args, trace, args.batch)
-    n, P = min(args.num_prompts, trace.num_prompts), trace.num_prompts
-    prompts = sorted({i * P // n for i in range(n)})  # spread over the trace's prompt sets
+    prompts = _spread(args.num_prompts, trace.num_prompts)
     eos = None if args.ignore_eos else trace.meta.eos_id
     rows = validate(trace, target, drafter, policies, prompts, batch=args.batch, k_max=cfg.k_max,
                     max_new=args.max_new, eos_id=eos)
@@ -221,6 +221,32 @@ def cmd_validate(args, argv) -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"command": _command(argv), "trace": str(args.trace), "prompts": prompts,
                                         "batch": args.batch, "k_max": cfg.k_max, "rows": rows}, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    if not all(r["exact"] for r in rows):
+        sys.exit(1)
+
+
+def _spread(n: int, P: int) -> list[int]:
+    """``n`` of the trace's ``P`` prompts, spread over its prompt sets (recorded set by set)."""
+    n = min(n, P)
+    return sorted({i * P // n for i in range(n)})
+
+
+def cmd_validate_server(args, argv) -> None:
+    from .trace import Trace
+    from .validate_server import validate_server
+
+    trace = Trace.load(args.trace)
+    if args.ignore_eos:
+        raise SystemExit("echo-replay validate-server: --ignore-eos is not supported (the server stops at eos)")
+    policies, cfg = _policies(args, trace, 1)
+    prompts = _spread(args.num_prompts, trace.num_prompts)
+    rows = validate_server(trace, policies, cfg, prompts, port=args.port, calibration=args.calibration,
+                           max_new=args.max_new, eos_id=trace.meta.eos_id)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"command": _command(argv), "trace": str(args.trace), "prompts": prompts,
+                                        "k_max": cfg.k_max, "rows": rows}, indent=2) + "\n")
         print(f"wrote {args.out}")
     if not all(r["exact"] for r in rows):
         sys.exit(1)
@@ -288,6 +314,14 @@ def main(argv: list[str] | None = None) -> None:
     _policy_args(v)
     v.add_argument("--out", type=Path, default=None)
     v.set_defaults(func=cmd_validate)
+
+    vs = sub.add_parser("validate-server", help="replay == a real sglang ECHO server, request by request")
+    vs.add_argument("--trace", type=Path, required=True)
+    vs.add_argument("--num-prompts", type=int, default=4)
+    vs.add_argument("--port", type=int, default=30430)
+    _policy_args(vs)
+    vs.add_argument("--out", type=Path, default=None)
+    vs.set_defaults(func=cmd_validate_server)
 
     args = ap.parse_args(argv)
     args.func(args, argv)
