@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 
 from sglang_echo.core.factory import PolicyConfig
 
+from .drafter import RecordedDrafter
 from .simulate import replay_offline
 from .trace import Trace
 
@@ -70,6 +71,7 @@ def validate_server(trace: Trace, policies: dict, cfg: PolicyConfig, prompts: Se
 
     meta = trace.meta
     max_new = max_new or meta.max_new
+    recorded = RecordedDrafter(trace)  # one per run, as validate(): it indexes the whole trace
     rows = []
     for name, policy in policies.items():
         env = server_env(name, cfg, meta.drafter, calibration)
@@ -81,7 +83,8 @@ def validate_server(trace: Trace, policies: dict, cfg: PolicyConfig, prompts: Se
         with SGLangServer(opts) as srv:
             for p in prompts:
                 got = generate(srv.base_url, input_ids=trace.prompt(p).tolist(), max_new_tokens=max_new)
-                rep = replay_offline(trace, policy, [p], k_max=cfg.k_max, max_new=max_new, eos_id=eos_id)
+                rep = replay_offline(trace, policy, [p], k_max=cfg.k_max, max_new=max_new, eos_id=eos_id,
+                                     drafter=recorded)
                 n = trace.stream_length(p, max_new, eos_id)
                 server = {"steps": int(got.meta.get("spec_verify_ct", 0)),
                           "accepted": _trim(got.meta.get("spec_correct_drafts_histogram")),
