@@ -41,6 +41,7 @@ from torch import Tensor
 from sglang_echo.core.pack import pad_trees
 from sglang_echo.core.tree import DraftTrees
 from sglang_echo.core.verify import VerifyResult
+from sglang_echo.platform.packed_linear import pack_linears
 
 
 class HFTarget:
@@ -80,7 +81,9 @@ class HFTarget:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)
-        return cls(model.to(device), captured_layers)
+        model = model.to(device)
+        pack_linears(model)  # CPU: the platform's packed GEMMs, as the CPU server runs them
+        return cls(model, captured_layers)
 
     @property
     def feature_dim(self) -> int:
