@@ -326,7 +326,7 @@ class DFlashHead(nn.Module):
 
     # -- checkpoints (z-lab / sglang layout) -------------------------------------------------------
     def export_state(self, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
-        return {k: t.to(dtype).contiguous() for k, t in self.state_dict().items()}
+        return {k: t.to(dtype).detach().cpu().contiguous() for k, t in self.state_dict().items()}
 
     def import_state(self, tensors: dict[str, Tensor]) -> None:
         state = {k.removeprefix("model."): t for k, t in tensors.items()

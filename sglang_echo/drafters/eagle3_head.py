@@ -220,7 +220,7 @@ class Eagle3Head(nn.Module):
         for name, t in self.state_dict().items():
             mod, _, leaf = name.rpartition(".")
             key = f"{SPECFORGE_NAMES.get(mod, mod)}.{leaf}" if mod else name
-            out[key] = t.to(dtype).contiguous() if t.is_floating_point() else t.contiguous()
+            out[key] = (t.to(dtype) if t.is_floating_point() else t).detach().cpu().contiguous()
         return out
 
     def import_state(self, tensors: dict[str, Tensor]) -> None:

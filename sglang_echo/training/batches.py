@@ -17,6 +17,9 @@ class Batch:
     lengths: Tensor  # [B]
     prompt_lengths: Tensor  # [B]
 
+    def to(self, device) -> "Batch":
+        return Batch(*(t.to(device, non_blocking=True) for t in (self.tokens, self.features, self.lengths, self.prompt_lengths)))
+
     @property
     def num_tokens(self) -> int:
         return int(self.lengths.sum())

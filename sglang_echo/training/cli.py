@@ -23,9 +23,11 @@ from pathlib import Path
 
 import torch
 
+from sglang_echo.platform.packed_linear import pack_linears
+
 from .datagen import generate
 from .features import capture_dir, load_sequences
-from .trainer import TrainConfig, train
+from .trainer import PRECISIONS, TrainConfig, default_device, resolve_precision, train
 
 
 def _target_weights(target: Path) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -110,7 +112,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-fraction", type=float, default=0.03)
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None, help="where the target and the head run (default: cuda if available, else cpu)")
+    ap.add_argument("--precision", choices=("auto", *PRECISIONS), default="auto",
+                    help="training forward: bf16 autocast or fp32 (auto: bf16 on GPUs and on CPUs with bf16 units)")
+    ap.add_argument("--gen-dtype", default="float32", help="target dtype for self-distillation (bfloat16 is ~1.5x faster on bf16 CPUs)")
     args = ap.parse_args(argv)
+    device = args.device or default_device()
+    precision = resolve_precision(args.precision, device)
 
     target = args.target
     if target is None:
@@ -119,12 +127,13 @@ def main(argv: list[str] | None = None) -> None:
         target = prepare(dtype="float32").path
     data = args.data or args.out / "data"
     t0 = time.time()
-    generate(target, data, args.prompts, args.max_new)
+    generate(target, data, args.prompts, args.max_new, dtype=args.gen_dtype, device=device)
 
     from transformers import AutoModelForCausalLM
 
     layers = layers_for(args.kind, target)
-    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval().to(device)
+    pack_linears(model)
     capture_dir(model, data, layers)
     del model
 
@@ -136,10 +145,11 @@ def main(argv: list[str] | None = None) -> None:
     model, loss_fn, save_fn = KINDS[args.kind](target, train_seqs, args)
     cfg = TrainConfig(epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens, warmup_steps=args.warmup_steps,
                       save_every=args.save_every, seed=args.seed)
-    report = train(model, loss_fn, save_fn, train_seqs, eval_seqs, cfg, args.out)
+    report = train(model, loss_fn, save_fn, train_seqs, eval_seqs, cfg, args.out, device=device, precision=precision)
     model.save(args.out, dtype=torch.bfloat16)
     report.update(kind=args.kind, target=str(target), captured_layers=list(layers), ttt_steps=args.ttt_steps,
-                  draft_vocab=args.draft_vocab, train_config=asdict(cfg), prompts=args.prompts,
+                  draft_vocab=args.draft_vocab, train_config=asdict(cfg), prompts=args.prompts, device=device,
+                  precision=precision, gen_dtype=args.gen_dtype,
                   wall_seconds=round(time.time() - t0))
     if args.kind == "dart":
         report.update(dart_depth=args.dart_depth, dart_gamma=args.dart_gamma, dart_teacher=args.dart_teacher,

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sglang_echo.drafters.dart_head import DartConfig, DartHead
+from sglang_echo.platform.packed_linear import pack_linears
 
 from .batches import Batch
 
@@ -94,6 +95,7 @@ class TargetTail:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+        pack_linears(model)  # frozen teacher: the CPU platform's packed GEMMs
         body = model.get_decoder()
         body.layers = body.layers[first_layer:]
         body.embed_tokens = None  # inputs_embeds only: drop the vocabulary-sized table
@@ -110,8 +112,12 @@ class TargetTail:
     @torch.no_grad()
     def __call__(self, batch: Batch) -> Tensor:
         """Log-probabilities over the draft vocabulary at every position, ``[B, T, Vd]``."""
+        dev = batch.tokens.device
+        if self.lm_rows.device != dev:  # follows the batches to the training device once
+            self.body.to(dev)
+            self.lm_rows = self.lm_rows.to(dev)
         T = batch.tokens.shape[1]
-        mask = (torch.arange(T)[None, :] < batch.lengths[:, None]).long()
+        mask = (torch.arange(T, device=dev)[None, :] < batch.lengths[:, None]).long()
         h = self.body(inputs_embeds=batch.features[..., self.feature_slice].float(), attention_mask=mask).last_hidden_state
         return torch.log_softmax(h @ self.lm_rows.T, -1)
 
@@ -148,8 +154,8 @@ def dart_loss(head: DartHead, batch: Batch, gamma: float = GAMMA, teacher=None) 
             continue
         loss = loss + gamma ** (k - 1) * term
         with torch.no_grad():
-            correct[k - 1] = ((logp.argmax(-1) == target) & in_vocab).sum().float()
-            counted[k - 1] = in_vocab.sum().float()
+            correct[k - 1] = ((logp.argmax(-1) == target) & in_vocab).sum().float().cpu()
+            counted[k - 1] = in_vocab.sum().float().cpu()
     return loss, correct, counted
 
 

@@ -15,28 +15,40 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from .prompt_pool import build_pool
+from sglang_echo.models.prompts import Prompt
+from sglang_echo.platform.packed_linear import pack_linears
+
+from .prompt_pool import build_pool, prompt_text
 
 
-def load_target(model_dir: str, dtype: torch.dtype = torch.float32):
+def load_target(model_dir: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval().to(device)
+    pack_linears(model)  # the CPU platform's packed GEMMs: faster, and what the CPU server computes
     return tok, model
 
 
 @torch.inference_mode()
-def answer(tok, model, prompts: list[str], max_new: int) -> list[tuple[list[int], int]]:
-    """(prompt + answer token ids, prompt length) per prompt, padding stripped."""
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in prompts]
-    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    out = model.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id)
+def answer(tok, model, prompts: list[Prompt], max_new: int) -> list[tuple[list[int], int]]:
+    """(prompt + answer token ids, prompt length) per prompt, padding stripped.
+
+    Chat prompts get the chat template, raw ones (code completions) none, tokenized as the
+    evaluation loop tokenizes them (``bench.acceptance``)."""
+    ids = [tok(p.as_text(tok), add_special_tokens=not p.is_chat)["input_ids"] for p in prompts]
+    T = max(map(len, ids))
+    input_ids = torch.full((len(ids), T), tok.pad_token_id, dtype=torch.long)
+    attention = torch.zeros(len(ids), T, dtype=torch.long)
+    for i, row in enumerate(ids):  # left padding: every row's last prompt token is at T - 1
+        input_ids[i, T - len(row) :], attention[i, T - len(row) :] = torch.tensor(row), 1
+    dev = model.device
+    out = model.generate(input_ids=input_ids.to(dev), attention_mask=attention.to(dev), max_new_tokens=max_new, do_sample=False,
+                         pad_token_id=tok.pad_token_id)
     rows = []
-    for i in range(len(prompts)):
-        prompt = enc.input_ids[i][enc.attention_mask[i].bool()].tolist()
-        gen = out[i, enc.input_ids.shape[1] :].tolist()
+    for i, prompt in enumerate(ids):
+        gen = out[i, T:].cpu().tolist()
         if tok.eos_token_id in gen:
             gen = gen[: gen.index(tok.eos_token_id) + 1]
         rows.append((prompt + gen, len(prompt)))
@@ -64,7 +76,7 @@ def read_shards(data_dir: str | Path) -> list[tuple[torch.Tensor, int]]:
 
 
 def generate(model_dir: str | Path, out: str | Path, prompts: int, max_new: int = 192, batch: int = 32,
-             shard_size: int = 128, seed: int = 0, dtype: str = "float32") -> None:
+             shard_size: int = 128, seed: int = 0, dtype: str = "float32", device: str = "cpu") -> None:
     """Answer ``prompts`` pool prompts with the target into ``out/shard-*.safetensors`` (resumable)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,13 +85,17 @@ def generate(model_dir: str | Path, out: str | Path, prompts: int, max_new: int 
     todo = [k for k in range(len(shards)) if not (out / f"shard-{k:05d}.safetensors").exists()]
     if not todo:
         return
-    tok, model = load_target(str(model_dir), getattr(torch, dtype))
+    tok, model = load_target(str(model_dir), getattr(torch, dtype), device)
     bar = tqdm(total=len(pool), initial=(len(shards) - len(todo)) * shard_size, desc="self-distillation", unit="prompt")
     for k in todo:
-        rows = []
-        for i in range(0, len(shards[k]), batch):
-            rows += answer(tok, model, shards[k][i : i + batch], max_new)
-            bar.update(len(shards[k][i : i + batch]))
+        # similar prompt lengths share a generate call (less left padding); rows keep pool order
+        order = sorted(range(len(shards[k])), key=lambda i: len(prompt_text(shards[k][i])))
+        rows: list = [None] * len(order)
+        for i in range(0, len(order), batch):
+            idx = order[i : i + batch]
+            for j, row in zip(idx, answer(tok, model, [shards[k][j] for j in idx], max_new)):
+                rows[j] = row
+            bar.update(len(idx))
         write_shard(out / f"shard-{k:05d}.safetensors", rows)
     bar.close()
 
@@ -94,8 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="float32", help="target dtype (float32 is fastest on CPUs without bf16 units)")
     ap.add_argument("--shard-size", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args(argv)
-    generate(a.model, a.out, a.prompts, a.max_new, a.batch, a.shard_size, a.seed, a.dtype)
+    generate(a.model, a.out, a.prompts, a.max_new, a.batch, a.shard_size, a.seed, a.dtype, a.device)
 
 
 if __name__ == "__main__":

@@ -122,6 +122,6 @@ def ttt_loss(head: Eagle3Head, batch: Batch, steps: int) -> tuple[Tensor, Tensor
         if mask.any():
             lg, target = head.logits(hidden[mask]), d_index[labels[mask]]  # LM head on labelled rows only
             loss = loss + STEP_DECAY**j * F.cross_entropy(lg.float(), target)
-            correct[j] = (lg.argmax(-1) == target).sum().float()
-            counted[j] = mask.sum().float()
+            correct[j] = (lg.argmax(-1) == target).sum().float().cpu()
+            counted[j] = mask.sum().float().cpu()
     return loss, correct, counted

@@ -44,8 +44,8 @@ def capture(model, seqs: list[Tensor], layers: tuple[int, ...], batch_tokens: in
         mask = torch.zeros(len(idx), T, dtype=torch.long)
         for r, k in enumerate(idx):
             ids[r, : len(seqs[k])], mask[r, : len(seqs[k])] = seqs[k], 1
-        hs = _hidden_states(model, ids, mask, max(layers))
-        feats = torch.cat([hs[layer] for layer in layers], -1).to(torch.float16)
+        hs = _hidden_states(model, ids.to(model.device), mask.to(model.device), max(layers))
+        feats = torch.cat([hs[layer] for layer in layers], -1).to("cpu", torch.float16)
         for r, k in enumerate(idx):
             out[k] = feats[r, : len(seqs[k])].clone()
         i = j

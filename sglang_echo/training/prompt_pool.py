@@ -1,93 +1,154 @@
-"""The training prompt pool, assembled offline from templates.
+"""The training prompt pool, assembled offline: templates plus the Python standard library.
 
-Self-distillation only needs *questions*: the target writes the answers. The pool is generated
-from templates x subjects with a fixed seed, so it is reproducible, needs no download, and is
-kept apart from every evaluation set (tests check that no pool prompt appears in `prompts/` or
-HumanEval).
+Self-distillation only needs *questions*: the target writes the answers. The pool mixes the
+shapes the target serves (and the evaluation sets measure) without containing any of their
+prompts (tests check that no pool prompt is in `prompts/` or HumanEval):
+
+* ``chat``: templated requests (explain, list, compare, write, plan, advise...) over a few hundred
+  subjects, tasks and audiences;
+* ``code-chat``: "write a function that ..." requests, from a task list and from the first
+  sentence of standard-library docstrings;
+* ``code``: raw completions shaped like HumanEval (a signature and a docstring, no chat template),
+  from public module-level functions and methods of the standard library;
+* ``math``: arithmetic word problems, half with a step-by-step instruction;
+* ``summarize``: "summarize this passage" over standard-library module and class docstrings.
+
+Everything is seeded, so a pool is reproducible on the same Python (the stdlib sources are read
+from the running interpreter, in sorted order); no download is needed.
 """
 
 from __future__ import annotations
 
+import ast
 import random
+import sysconfig
+from functools import cache
+from pathlib import Path
 
-SUBJECTS = [
-    "photosynthesis", "black holes", "the French Revolution", "compound interest", "vaccines",
-    "plate tectonics", "the water cycle", "machine learning", "the stock market", "volcanoes",
-    "the Roman Empire", "electric cars", "honey bees", "climate change", "the printing press",
-    "quantum computing", "coral reefs", "the human heart", "inflation", "renewable energy",
-    "the moon landing", "DNA", "earthquakes", "the internet", "chess", "jazz music",
-    "the Great Wall of China", "antibiotics", "recycling", "solar panels", "rainforests",
-    "the Olympic Games", "democracy", "supply and demand", "the immune system", "glaciers",
-    "origami", "coffee", "bicycles", "the periodic table", "tides", "meditation",
-    "public transport", "password security", "open source software", "sourdough bread",
-    "hurricanes", "the Renaissance", "sleep", "bridges", "languages", "time zones",
-]
-AUDIENCES = ["a child", "a high-school student", "a busy manager", "a beginner", "an expert", "my grandmother"]
-CHAT_TEMPLATES = [
-    "Explain {s} to {a}.",
-    "Give me three interesting facts about {s}.",
-    "What are the pros and cons of {s}?",
-    "Write a short poem about {s}.",
-    "Summarize the history of {s} in a few sentences.",
-    "What are common misconceptions about {s}?",
-    "How would you teach {s} to {a}?",
-    "Write a short story that involves {s}.",
-    "List five questions someone might ask about {s}, with brief answers.",
-    "Why does {s} matter today?",
-    "Compare {s} and {t}.",
-    "Write an email to a friend recommending they learn about {s}.",
-    "Describe {s} in exactly three sentences.",
-    "What would happen if {s} disappeared tomorrow?",
-    "Give a step-by-step explanation of how {s} works.",
-]
-CODE_TASKS = [
-    "reverses the words in a sentence", "counts the vowels in a string", "checks whether a number is prime",
-    "returns the n-th Fibonacci number", "flattens a nested list", "merges two sorted lists",
-    "removes duplicates from a list while keeping order", "computes the factorial of n",
-    "finds the longest word in a sentence", "converts Celsius to Fahrenheit", "checks if a string is a palindrome",
-    "returns the greatest common divisor of two integers", "groups words by their first letter",
-    "computes the running average of a list", "transposes a matrix given as a list of lists",
-    "counts word frequencies in a text", "validates that brackets in a string are balanced",
-    "rotates a list by k positions", "returns all pairs in a list that sum to a target",
-    "converts a Roman numeral to an integer", "computes the median of a list", "parses a CSV line into fields",
-    "finds the second largest number in a list", "returns the binary representation of an integer",
-    "implements binary search on a sorted list", "capitalizes the first letter of every word",
-]
-CODE_TEMPLATES = [
-    "Write a Python function that {c}.",
-    "Write a Python function that {c}. Include a docstring and two examples.",
-    "Implement a function in Python which {c}, and explain its time complexity.",
-    "Show a short JavaScript function that {c}.",
-]
-MATH_TEMPLATES = [
-    "A shop sells pencils for {x} cents each. How much do {y} pencils cost in dollars?",
-    "Tom has {x} apples and gives {y} to his friend. He then buys {z} more. How many apples does he have?",
-    "A train travels {x} km in {y} hours. What is its average speed?",
-    "If a recipe needs {x} eggs for {y} people, how many eggs are needed for {z} people?",
-    "What is {x} percent of {z}?",
-    "A rectangle is {x} cm long and {y} cm wide. What are its area and perimeter?",
-    "Sara saves {x} dollars a week. How many weeks does she need to save {z} dollars?",
-]
+from sglang_echo.models.prompts import Prompt
+
+from .pool_vocab import (
+    ACTIVITIES, AUDIENCES, CHAT_TEMPLATES, CODE_TASKS, CODE_TEMPLATES, FORMATS, MATH_TEMPLATES,
+    PAIRS, PERSONS, SUBJECTS, TASK_TEMPLATES, THINGS,
+)
+
+# Share of each source in a pool; a source that runs out of distinct prompts hands its share on.
+MIX = {"chat": 0.50, "code-chat": 0.12, "code": 0.16, "math": 0.12, "summarize": 0.10}
+_SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "tkinter", "turtledemo", "site-packages", "ensurepip",
+              "pydoc_data", "encodings", "__phello__", "msilib"}
+STEP_BY_STEP = " Think step by step, then give the final answer after '####'."
 
 
-def build_pool(n: int, seed: int = 0) -> list[str]:
-    """``n`` distinct user prompts (chat 60%, code 25%, math 15%)."""
+def _chat(rng: random.Random) -> str:
+    if rng.random() < 0.55:
+        s, t = rng.sample(SUBJECTS, 2)
+        return rng.choice(CHAT_TEMPLATES).format(s=s, t=t, a=rng.choice(AUDIENCES), f=rng.choice(FORMATS))
+    a, b = rng.choice(PAIRS)
+    return rng.choice(TASK_TEMPLATES).format(
+        act=rng.choice(ACTIVITIES), thing=rng.choice(THINGS), p=rng.choice(PERSONS), s=rng.choice(SUBJECTS),
+        x=a, y=b, n=rng.randint(2, 7), f=rng.choice(FORMATS),
+    )
+
+
+def _math(rng: random.Random) -> str:
+    x, y, z = rng.randint(2, 90), rng.randint(2, 12), rng.randint(20, 400)
+    q = rng.choice(MATH_TEMPLATES).format(x=x, y=y, z=z, p=rng.choice(PERSONS).split()[-1].capitalize())
+    return q + (STEP_BY_STEP if rng.random() < 0.5 else "")
+
+
+@cache
+def _stdlib() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(function stubs, one-line function descriptions, prose passages) from the stdlib sources."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    stubs, descriptions, passages = {}, {}, {}
+    for path in sorted(root.rglob("*.py")):
+        if set(path.relative_to(root).parts) & _SKIP_DIRS:
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        _add_passage(passages, ast.get_docstring(tree))
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                _add_passage(passages, ast.get_docstring(node))
+                _add_function(stubs, descriptions, node, method=False)
+            elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                _add_passage(passages, ast.get_docstring(node))
+                for sub in node.body:
+                    if isinstance(sub, ast.FunctionDef):
+                        _add_passage(passages, ast.get_docstring(sub))
+                        _add_function(stubs, descriptions, sub, method=True)
+    return tuple(stubs), tuple(descriptions), tuple(passages)
+
+
+def _add_function(stubs: dict, descriptions: dict, node: ast.FunctionDef, method: bool) -> None:
+    doc = ast.get_docstring(node)
+    if node.name.startswith("_") or not doc or not 40 <= len(doc) <= 700:
+        return
+    args = node.args
+    if method and args.args and args.args[0].arg in ("self", "cls"):
+        args = ast.arguments(args.posonlyargs, args.args[1:], args.vararg, args.kwonlyargs, args.kw_defaults,
+                             args.kwarg, args.defaults[-len(args.args[1:]):] if args.args[1:] else [])
+    body = "\n".join(("    " + line).rstrip() for line in doc.splitlines())
+    stubs[f'def {node.name}({ast.unparse(args)}):\n    """{body.lstrip()}\n    """\n'] = None
+    first = doc.split("\n\n")[0].replace("\n", " ").strip().rstrip(".")
+    if 20 <= len(first) <= 160 and first[0].isupper() and " " in first:
+        descriptions[f"{first[0].lower()}{first[1:]} (call it `{node.name}`)"] = None
+
+
+def _add_passage(passages: dict, doc: str | None) -> None:
+    """A docstring's prose paragraphs, if there are enough of them to summarize."""
+    if not doc:
+        return
+    prose = [p.replace("\n", " ").strip() for p in doc.split("\n\n")]
+    prose = [p for p in prose if len(p) > 60 and not any(c in p for c in (">>>", "::", "  ", "|"))]
+    text = "\n\n".join(prose)
+    if 250 <= len(text) <= 1500:
+        passages[text] = None
+
+
+def _draw(source: str, rng: random.Random, stdlib: tuple) -> Prompt | None:
+    """One prompt of ``source`` (``None`` when a finite source is exhausted by the caller's dedup)."""
+    stubs, descriptions, passages = stdlib
+    if source == "chat":
+        return Prompt("", "pool", messages=({"role": "user", "content": _chat(rng)},))
+    if source == "math":
+        return Prompt("", "pool", messages=({"role": "user", "content": _math(rng)},))
+    if source == "code-chat":
+        task = rng.choice(CODE_TASKS) if rng.random() < 0.4 or not descriptions else rng.choice(descriptions)
+        return Prompt("", "pool", messages=({"role": "user", "content": rng.choice(CODE_TEMPLATES).format(c=task)},))
+    if source == "code":
+        return Prompt("", "pool", prompt=rng.choice(stubs)) if stubs else None
+    passage = rng.choice(passages) if passages else None
+    if passage is None:
+        return None
+    how = rng.choice(("in two sentences", "in one paragraph", "in three bullet points", "for a beginner", "briefly"))
+    return Prompt("", "pool", messages=({"role": "user", "content": f"Summarize the following passage {how}.\n\n{passage}"},))
+
+
+def build_pool(n: int, seed: int = 0) -> list[Prompt]:
+    """``n`` distinct prompts (ids ``pool/<source>/<k>``), sources mixed by ``MIX`` in a seeded order."""
     rng = random.Random(seed)
-    out: dict[str, None] = {}
-    for _ in range(100 * n):  # the templates give thousands of distinct prompts
-        if len(out) == n:
-            break
-        r = rng.random()
-        if r < 0.6:
-            s, t = rng.sample(SUBJECTS, 2)
-            p = rng.choice(CHAT_TEMPLATES).format(s=s, t=t, a=rng.choice(AUDIENCES))
-        elif r < 0.85:
-            p = rng.choice(CODE_TEMPLATES).format(c=rng.choice(CODE_TASKS))
-        else:
-            x, y, z = rng.randint(2, 90), rng.randint(2, 12), rng.randint(20, 400)
-            p = rng.choice(MATH_TEMPLATES).format(x=x, y=y, z=z)
-        out[p] = None
-    if len(out) < n:
-        raise ValueError(f"the templates yield only {len(out)} distinct prompts, {n} asked")
-    return list(out)
+    stdlib = _stdlib()
+    sources, weights = list(MIX), list(MIX.values())
+    out: dict[str, Prompt] = {}
+    misses = dict.fromkeys(MIX, 0)
+    while len(out) < n:
+        live = [i for i, s in enumerate(sources) if misses[s] < 200]
+        if not live:
+            raise ValueError(f"the pool sources yield only {len(out)} distinct prompts, {n} asked")
+        source = sources[rng.choices(live, [weights[i] for i in live])[0]]
+        p = _draw(source, rng, stdlib)
+        key = p.prompt if p is not None and p.prompt is not None else (p.messages[0]["content"] if p else None)
+        if key is None or key in out:
+            misses[source] += 1
+            continue
+        misses[source] = 0
+        out[key] = Prompt(f"pool/{source}/{len(out)}", "pool", prompt=p.prompt, messages=p.messages)
+    return list(out.values())
 
+
+def prompt_text(p: Prompt) -> str:
+    """The text a prompt is keyed by (the raw prompt or its single user turn)."""
+    return p.prompt if p.prompt is not None else p.messages[-1]["content"]

@@ -5,6 +5,11 @@ the loop owns batching, progress, evaluation and checkpoints. Checkpoints hold n
 head in its serving layout (``model.safetensors`` + ``config.json``), the optimizer moments in
 ``optimizer.safetensors`` and the counters in ``state.json``, so a resumed run continues from the
 same step with the same schedule.
+
+Device and precision: the model is moved to ``device`` and each batch follows it; ``precision
+"bf16"`` runs the forward under ``torch.autocast`` (weights and AdamW moments stay fp32), about
+1.7x the fp32 speed on CPUs with bf16 dot products (AVX-512 BF16, AMX) and the usual choice on
+GPUs. Neither is in the resumable config: a run may resume on another device.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from contextlib import nullcontext
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -39,6 +46,31 @@ class TrainConfig:
     seed: int = 0
 
 
+PRECISIONS = ("fp32", "bf16")
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_precision(precision: str, device: str) -> str:
+    """``auto``: bf16 on GPUs and on CPUs with native bf16 GEMMs (AVX-512 BF16 / AMX), else fp32."""
+    if precision != "auto":
+        return precision
+    if torch.device(device).type == "cpu":
+        return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "fp32"
+    return "bf16"
+
+
+def autocast(device: str, precision: str):
+    """The forward's precision context: bf16 autocast, or nothing for fp32."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
+    if precision == "fp32":
+        return nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
 def _lr_factor(step: int, total: int, warmup: int) -> float:
     if step < warmup:
         return (step + 1) / warmup
@@ -47,7 +79,7 @@ def _lr_factor(step: int, total: int, warmup: int) -> float:
 
 def _save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
     sd = opt.state_dict()
-    tensors = {f"{i}.{k}": torch.as_tensor(v).clone() for i, st in sd["state"].items() for k, v in st.items()}
+    tensors = {f"{i}.{k}": torch.as_tensor(v).detach().cpu().clone() for i, st in sd["state"].items() for k, v in st.items()}
     save_file(tensors, str(path))
 
 
@@ -61,19 +93,24 @@ def _load_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
 
 
 @torch.no_grad()
-def evaluate(model, loss_fn: LossFn, seqs: list[Sequence], batch_tokens: int) -> Tensor:
+def evaluate(model, loss_fn: LossFn, seqs: list[Sequence], batch_tokens: int, device: str = "cpu",
+             precision: str = "fp32") -> Tensor:
     """Top-1 accuracy per unrolled step on held-out sequences (teacher-forced tokens)."""
     correct = counted = 0
     for idx in make_batches(seqs, batch_tokens, seed=0):
-        _, c, n = loss_fn(model, collate([seqs[i] for i in idx]))
-        correct, counted = correct + c, counted + n
+        with autocast(device, precision):
+            _, c, n = loss_fn(model, collate([seqs[i] for i in idx]).to(device))
+        correct, counted = correct + c.cpu(), counted + n.cpu()
     return correct / counted.clamp(min=1)
 
 
 def train(model, loss_fn: LossFn, save_fn: Callable[[Path], None], train_seqs: list[Sequence],
-          eval_seqs: list[Sequence], cfg: TrainConfig, out: Path) -> dict:
+          eval_seqs: list[Sequence], cfg: TrainConfig, out: Path, device: str = "cpu",
+          precision: str = "fp32") -> dict:
     """Train ``model`` (resuming from ``out/checkpoint`` if present); returns the final report."""
     out = Path(out)
+    model.to(device)
+    autocast(device, precision)  # validates the precision before any work
     ckpt = out / "checkpoint"
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -110,13 +147,14 @@ def train(model, loss_fn: LossFn, save_fn: Callable[[Path], None], train_seqs: l
                 break
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * _lr_factor(step, total, cfg.warmup_steps)
-            loss, correct, counted = loss_fn(model, collate([train_seqs[i] for i in idx]))
+            with autocast(device, precision):
+                loss, correct, counted = loss_fn(model, collate([train_seqs[i] for i in idx]).to(device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()
             step += 1
-            acc = (correct / counted.clamp(min=1)).tolist()
+            acc = (correct.cpu() / counted.cpu().clamp(min=1)).tolist()
             bar.set_postfix(loss=f"{loss.item():.3f}", acc="/".join(f"{a:.2f}" for a in acc[:4]), epoch=epoch)
             bar.update(1)
             if step % cfg.save_every == 0:
@@ -124,7 +162,7 @@ def train(model, loss_fn: LossFn, save_fn: Callable[[Path], None], train_seqs: l
     bar.close()
     save()
     model.eval()
-    acc = evaluate(model, loss_fn, eval_seqs, cfg.batch_tokens) if eval_seqs else torch.zeros(0)
+    acc = evaluate(model, loss_fn, eval_seqs, cfg.batch_tokens, device, precision) if eval_seqs else torch.zeros(0)
     return {"steps": step, "epochs": cfg.epochs, "train_sequences": len(train_seqs),
             "train_tokens": sum(len(s.tokens) for s in train_seqs),
             "eval_sequences": len(eval_seqs), "eval_top1_per_step": [round(a, 4) for a in acc.tolist()]}

@@ -17,7 +17,7 @@ from sglang_echo.drafters.eagle3_head import Eagle3Head
 from sglang_echo.training.batches import collate
 from sglang_echo.training.eagle3 import draft_vocab, init_head, ttt_loss, ttt_unroll
 from sglang_echo.training.features import Sequence
-from sglang_echo.training.trainer import TrainConfig, train
+from sglang_echo.training.trainer import TrainConfig, resolve_precision, train
 from tests.drafters.test_eagle3 import DT, H, V, VD, make_head, reference_logps
 
 
@@ -105,6 +105,22 @@ def test_training_learns_a_pattern_and_resumes_exactly(tmp_path, monkeypatch):
     train(resumed, loss_fn, lambda out: resumed.save(out, dtype=torch.float32), seqs, [], cfg, tmp_path / "b")
     for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_bf16_autocast_trains_fp32_weights(tmp_path):
+    """Mixed precision: the forward runs under bf16 autocast, the weights and moments stay fp32."""
+    torch.set_num_threads(1)
+    seqs = [Sequence(s.tokens % VD * 2, s.prompt_len, s.features.float()) for s in _sequences(8, period=5)]
+    cfg = TrainConfig(epochs=6, lr=3e-3, warmup_steps=2, batch_tokens=64, save_every=100, seed=0)
+    head = _fresh_head()
+    before = ttt_loss(head, collate(seqs), 2)[0].item()
+    train(head, lambda m, b: ttt_loss(m, b, steps=2), lambda out: head.save(out, dtype=torch.float32), seqs, [],
+          cfg, tmp_path, precision="bf16")
+    assert ttt_loss(head, collate(seqs), 2)[0].item() < 0.5 * before
+    assert all(p.dtype == torch.float32 for p in head.parameters())
+    with pytest.raises(ValueError, match="precision"):
+        train(head, None, None, seqs, [], cfg, tmp_path / "x", precision="fp8")
+    assert resolve_precision("fp32", "cpu") == "fp32" and resolve_precision("auto", "cuda") == "bf16"
 
 
 def test_cli_trains_a_head_sglang_can_load(tmp_path, smollm2_dir):
