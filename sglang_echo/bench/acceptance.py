@@ -37,6 +37,7 @@ import torch
 from ..core.baselines import Chain
 from ..core.factory import POLICIES, PolicyConfig, make_policy
 from ..core.policy import TreePolicy
+from ..platform.packed_linear import pack_linears
 
 
 @dataclass
@@ -144,6 +145,7 @@ def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device,
 
         embed = model.get_input_embeddings().weight
         head = Eagle3Head.load(draft, embed=embed, num_target_layers=model.config.num_hidden_layers).to(device)
+        pack_linears(head)  # as the CPU server runs the draft model
         d = Eagle3Drafter(head)
         return d, tuple(getattr(d, "captured_layers", head.cfg.aux_layer_ids))
     if kind == "dart":
@@ -158,6 +160,7 @@ def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device,
                                   use_ngram=use_ngram, eos_id=eos[0] if isinstance(eos, list) else eos, device=device)
         except NGramTrieError as e:
             raise SystemExit(f"--drafter dart: {e}") from None
+        pack_linears(d.head)
         return d, d.captured_layers
     if kind == "dflash":
         if draft is None:

@@ -49,6 +49,7 @@ class HFTarget:
 
     def __init__(self, model: torch.nn.Module, captured_layers: Sequence[int] = ()):
         self.model = model.eval()
+        pack_linears(model)  # on the CPU: the platform's packed GEMMs, as the CPU server runs them
         self.base = model.base_model
         self.lm_head = model.get_output_embeddings()
         self.config = model.config
@@ -81,9 +82,7 @@ class HFTarget:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)
-        model = model.to(device)
-        pack_linears(model)  # CPU: the platform's packed GEMMs, as the CPU server runs them
-        return cls(model, captured_layers)
+        return cls(model.to(device), captured_layers)
 
     @property
     def feature_dim(self) -> int:

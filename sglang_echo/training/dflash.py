@@ -105,7 +105,7 @@ class AnchorSampler:
 
     def sample(self, batch: Batch, training: bool) -> tuple[Tensor, Tensor]:
         """(anchors ``[B, N]`` sorted, keep ``[B, N]``): valid anchors are answer positions with a label."""
-        tokens, lengths, plen = batch.tokens, batch.lengths, batch.prompt_lengths
+        tokens, lengths, plen = batch.tokens, batch.lengths.cpu(), batch.prompt_lengths.cpu()  # drawn on the host
         B, T = tokens.shape
         if training:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.calls)
