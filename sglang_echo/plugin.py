@@ -65,4 +65,8 @@ def register() -> None:
     from sglang_echo.integration.ragged import RUNNER_FORWARD, ragged_verify_forward
 
     HookRegistry.register(RUNNER_FORWARD, ragged_verify_forward, HookType.AROUND)
+    # drafter dflash: the target captures the DFlash head's layers through EAGLE-3's aux plumbing.
+    from sglang_echo.integration.dflash import RESOLVER, resolve_capture_layers
+
+    HookRegistry.register(RESOLVER, resolve_capture_layers, HookType.AROUND)
     log.debug("ECHO speculative algorithm registered")

@@ -43,8 +43,11 @@ use, and the parameter-free ones plug into the worker unchanged.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -88,3 +91,21 @@ def check_catch_up(tokens: Sequence[Tensor], features: Sequence[Tensor] | None, 
     if any(f.shape[0] != int(m) for f, m in zip(feats, n)):
         raise ValueError(f"features/tokens length mismatch: {[f.shape[0] for f in feats]} vs {n.tolist()}")
     return n, feats
+
+
+# The drafter kind of each head architecture this repo reads (config.json ``architectures``).
+HEAD_ARCHITECTURES = {"LlamaForCausalLMEagle3": "eagle3", "LlamaForCausalLMDart": "dart", "DFlashDraftModel": "dflash"}
+
+
+def head_kind(path) -> Optional[str]:
+    """The drafter a head directory is for, from its ``config.json``: ``dart`` or ``dflash`` when it
+    names their architecture, else ``eagle3``; ``None`` without a readable config."""
+    cfg = Path(path or "") / "config.json"
+    if not path or not cfg.is_file():
+        return None
+    try:
+        archs = json.loads(cfg.read_text()).get("architectures", [])
+    except (OSError, ValueError):
+        return None
+    return next((HEAD_ARCHITECTURES[a] for a in archs if a in HEAD_ARCHITECTURES and a != "LlamaForCausalLMEagle3"),
+                "eagle3")

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .base import head_kind
 from .eagle3_head import ARCHITECTURE as EAGLE3_ARCHITECTURE
 from .eagle3_head import Eagle3Config, Eagle3Head, rope
 
@@ -90,13 +91,7 @@ class DartConfig(Eagle3Config):
 
 def is_dart_head(path) -> bool:
     """Whether ``path`` is a head directory whose ``config.json`` names DART's architecture."""
-    cfg = Path(path or "") / "config.json"
-    if not path or not cfg.is_file():
-        return False
-    try:
-        return ARCHITECTURE in json.loads(cfg.read_text()).get("architectures", [])
-    except (OSError, ValueError):
-        return False
+    return head_kind(path) == "dart"
 
 
 class DartHead(Eagle3Head):

@@ -45,7 +45,6 @@ class DFlashDrafter(Drafter):
         self.head = head.eval()
         self.device = head.fc.weight.device
         self.dtype = head.fc.weight.dtype
-        self.logit_dtype = torch.promote_types(self.dtype, torch.float32)  # softmax in >= fp32
         self.captured_layers = head.cfg.captured_layers
         self.block_size = head.cfg.block_size
         self.start([])
@@ -107,41 +106,62 @@ class DFlashDrafter(Drafter):
     def block_marginals(self, roots: Tensor) -> Tensor:
         """One block forward for every request: ``roots [B]`` (the last committed tokens) ->
         log-probabilities ``[B, block_size - 1, V]`` of the tokens 1 .. bs-1 past the root."""
-        head, dev, bs = self.head, self.device, self.block_size
-        B = self.batch_size
-        Lc = int(self.lengths.max()) if B else 0
-        pos = self.lengths[:, None] + torch.arange(bs, device=dev)[None, :]
-        ctx_ok = torch.arange(Lc, device=dev)[None, :] < self.lengths[:, None]  # [B, Lc]
-        mask = torch.cat([ctx_ok, torch.ones(B, bs, dtype=torch.bool, device=dev)], 1)[:, None, None, :]
+        Lc = int(self.lengths.max()) if self.batch_size else 0
         kv = [(k[:, :, :Lc], v[:, :, :Lc]) for k, v in zip(self.k_cache, self.v_cache)]
-        hid = head.forward_blocks(head.block_tokens(roots.to(dev, torch.int64)), pos, kv, mask)
-        return torch.log_softmax(head.logits(hid[:, 1:]).to(self.logit_dtype), -1)
+        return block_marginals(self.head, roots.to(self.device, torch.int64), self.lengths, kv)
 
     @torch.no_grad()
     def propose(self, frontier: Frontier, k: int) -> Candidates:
-        B, Fw = frontier.slots.shape
+        B = frontier.slots.shape[0]
         if B != self.batch_size:
             raise ValueError(f"frontier has {B} requests, the batch has {self.batch_size}")
-        d, dev = frontier.depth, self.device
+        d = frontier.depth
         if d == 0:  # a new step: one block forward gives every depth's marginal
             self._logp = self.block_marginals(frontier.tokens[:, 0])
         elif d != self._next_depth or self._logp is None:
             raise RuntimeError(f"propose expected a depth-{self._next_depth} frontier, got depth {d}")
         self._next_depth = d + 1
-        k = max(1, min(k, self.head.cfg.vocab_size))
-        valid = frontier.valid & (self.lengths > 0)[:, None]  # [B, F]
-        parent = torch.arange(Fw, device=dev).repeat_interleave(k)[None, :].expand(B, Fw * k)
-        if d >= self.block_size - 1:  # past the block: nothing to propose
-            return Candidates(tokens=torch.zeros(B, Fw * k, dtype=torch.int64, device=dev),
-                              logprob=torch.zeros(B, Fw * k, device=dev), parent=parent.clone(),
-                              valid=torch.zeros(B, Fw * k, dtype=torch.bool, device=dev))
-        top, ids = self._logp[:, d].topk(k, -1)  # marginal of depth d + 1, [B, k]
-        return Candidates(
-            tokens=ids[:, None, :].expand(B, Fw, k).reshape(B, Fw * k),
-            logprob=top[:, None, :].expand(B, Fw, k).reshape(B, Fw * k).float(),
-            parent=parent.clone(),
-            valid=valid[:, :, None].expand(B, Fw, k).reshape(B, Fw * k),
-        )
+        return marginal_candidates(self._logp, frontier, k, ready=self.lengths > 0)
+
+
+@torch.no_grad()
+def block_marginals(head: DFlashHead, roots: Tensor, lengths: Tensor, ctx_kv: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """DFlash's step forward, shared by the offline drafter and the server's.
+
+    Request ``b`` has committed context positions ``0 .. lengths[b] - 1`` (per layer, ``ctx_kv``
+    ``[B, kv_heads, Lc, D]``, entries past ``lengths[b]`` ignored); its block ``[roots[b], MASK x
+    (bs - 1)]`` sits at positions ``lengths[b] ..`` and sees that context plus the whole block.
+    Returns log-probabilities ``[B, bs - 1, V]`` of the tokens 1 .. bs-1 past the root (softmax in at
+    least fp32)."""
+    B, bs, dev = roots.shape[0], head.cfg.block_size, roots.device
+    Lc = ctx_kv[0][0].shape[2] if ctx_kv else 0
+    pos = lengths[:, None] + torch.arange(bs, device=dev)[None, :]
+    ctx_ok = torch.arange(Lc, device=dev)[None, :] < lengths[:, None]  # [B, Lc]
+    mask = torch.cat([ctx_ok, torch.ones(B, bs, dtype=torch.bool, device=dev)], 1)[:, None, None, :]
+    hid = head.forward_blocks(head.block_tokens(roots), pos, ctx_kv, mask)
+    return torch.log_softmax(head.logits(hid[:, 1:]).to(torch.promote_types(hid.dtype, torch.float32)), -1)
+
+
+def marginal_candidates(logp: Tensor, frontier: Frontier, k: int, ready: Tensor) -> Candidates:
+    """Per-position top-``k`` branching: every depth-``d`` frontier node gets the top-``k`` of
+    marginal ``d + 1`` (``logp [B, bs - 1, V]``) as children, whatever its parent; requests that
+    are not ``ready`` (no context yet) and depths past the block propose nothing."""
+    B, Fw = frontier.slots.shape
+    d, dev = frontier.depth, logp.device
+    k = max(1, min(k, logp.shape[-1]))
+    valid = frontier.valid & ready[:, None]  # [B, F]
+    parent = torch.arange(Fw, device=dev).repeat_interleave(k)[None, :].expand(B, Fw * k)
+    if d >= logp.shape[1]:  # past the block: nothing to propose
+        return Candidates(tokens=torch.zeros(B, Fw * k, dtype=torch.int64, device=dev),
+                          logprob=torch.zeros(B, Fw * k, device=dev), parent=parent.clone(),
+                          valid=torch.zeros(B, Fw * k, dtype=torch.bool, device=dev))
+    top, ids = logp[:, d].topk(k, -1)  # marginal of depth d + 1, [B, k]
+    return Candidates(
+        tokens=ids[:, None, :].expand(B, Fw, k).reshape(B, Fw * k),
+        logprob=top[:, None, :].expand(B, Fw, k).reshape(B, Fw * k).float(),
+        parent=parent.clone(),
+        valid=valid[:, :, None].expand(B, Fw, k).reshape(B, Fw * k),
+    )
 
 
 def load_dflash_drafter(draft: Path, embed: Tensor, lm_head: Optional[Tensor] = None,
@@ -151,4 +171,4 @@ def load_dflash_drafter(draft: Path, embed: Tensor, lm_head: Optional[Tensor] = 
     return DFlashDrafter(head, device=device)
 
 
-__all__ = ["DFlashDrafter", "load_dflash_drafter"]
+__all__ = ["DFlashDrafter", "block_marginals", "load_dflash_drafter", "marginal_candidates"]

@@ -16,8 +16,9 @@ reach every sglang subprocess). Resolution order, later wins:
 Defaults: policy ``echo``, ``k_max`` 64 (batch verification cap, roots included), ``max_depth``
 4, ``w_def`` 1, ``w_max`` 2, no calibration file (the paper's default gates, logged loudly),
 drafter ``eagle3`` (the EAGLE-3 head of ``--speculative-draft-model-path``; ``dart``: a DART head
-there, :mod:`.dart`, with DART's n-gram pruning unless ``dart_ngram`` is false; ``ngram``: the
-parameter-free n-gram drafter :class:`sglang_echo.drafters.ngram.NGramDrafter`, no draft model).
+there, :mod:`.dart`, with DART's n-gram pruning unless ``dart_ngram`` is false; ``dflash``: a
+DFlash head there, :mod:`.dflash`; ``ngram``: the parameter-free n-gram drafter
+:class:`sglang_echo.drafters.ngram.NGramDrafter`, no draft model).
 ``width`` (the padded verify width W) defaults to the widest tree the policy can build:
 ``max(max_depth + 1, min(k_max, 1 + max_depth * w_def + w_max))``. ``verify`` ``auto``: the
 target forward runs on the real tree nodes only (``ragged``, :mod:`.ragged`) where the
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 
 ENV_CONFIG = "SGLANG_ECHO_CONFIG"
 ENV_PREFIX = "SGLANG_ECHO_"
-DRAFTERS = ("eagle3", "dart", "ngram")
+DRAFTERS = ("eagle3", "dart", "dflash", "ngram")
 # Policies whose tree grows by the elastic scheduler (frontier w_def, children w_max).
 ELASTIC = ("echo", "dense-gating", "fixed-threshold")
 

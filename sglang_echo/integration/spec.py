@@ -7,8 +7,10 @@ runs first, then ``handle_server_args``.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from pathlib import Path
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
@@ -125,16 +127,24 @@ def validate_server_args(sa) -> None:
            "drafter 'ngram' uses no draft model: drop --speculative-draft-model-path")
     else:
         no(not sa.speculative_draft_model_path,
-           "needs an EAGLE-3 (or, with drafter 'dart', a DART) draft head: pass --speculative-draft-model-path "
+           "needs a draft head (EAGLE-3, or DART / DFlash with that drafter): pass --speculative-draft-model-path "
            "(or set the ECHO drafter to 'ngram', which needs none)")
-        from sglang_echo.drafters.dart_head import is_dart_head
+        from sglang_echo.drafters.base import head_kind
 
-        dart = is_dart_head(sa.speculative_draft_model_path)
-        no(dart and configured_drafter() != "dart",
-           f"{sa.speculative_draft_model_path} is a DART head: set the ECHO drafter to 'dart' (SGLANG_ECHO_DRAFTER=dart)")
-        no(not dart and configured_drafter() == "dart",
-           f"drafter 'dart' needs a DART head (config.json architectures [\"LlamaForCausalLMDart\"]); "
-           f"{sa.speculative_draft_model_path} is not one")
+        path, drafter = sa.speculative_draft_model_path, configured_drafter()
+        kind = head_kind(path)
+        no(kind != drafter and kind in ("dart", "dflash"),
+           f"{path} is a {kind} head: set the ECHO drafter to '{kind}' (SGLANG_ECHO_DRAFTER={kind})")
+        no(kind != drafter and drafter in ("dart", "dflash"),
+           f"drafter '{drafter}' needs a {drafter} head (its config.json architectures); {path} is a {kind} head")
+        if drafter == "dflash":
+            from sglang_echo.drafters.dflash_head import DFlashConfig
+
+            try:  # the variants sglang loads but the DFlash drafter does not compute (sliding window, ...)
+                DFlashConfig.from_hf(json.loads((Path(path) / "config.json").read_text()), num_target_layers=1 << 16)
+            except ValueError as e:
+                no(True, f"{path}: {e}")
+            no((sa.tp_size or 1) > 1, "drafter 'dflash' does not support tensor parallelism (--tp-size > 1) yet")
     no((sa.pp_size or 1) > 1, "pipeline parallelism (--pp-size > 1) is not supported")
     no(bool(sa.enable_dp_attention), "--enable-dp-attention is not supported")
     no(str(sa.disaggregation_mode or "null") != "null", "prefill/decode disaggregation is not supported")

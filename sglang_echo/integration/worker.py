@@ -10,6 +10,8 @@
   :class:`EchoVerifyInput` for sglang's unchanged ``verify()``.
 * ``drafter: dart`` (:mod:`.dart`): the same step with DART's drafter, one mask forward per step
   over the draft KV the draft extend wrote, ranked by DART's n-gram-enforced COMBINE score.
+* ``drafter: dflash`` (:mod:`.dflash`): DFlash's block forward over its context, which the draft
+  extends write into the draft KV pool in place of EAGLE's draft-layer forward.
 * Ragged verify (:mod:`.ragged`, where the attention backend supports it): the verify input
   also carries ``K``, and the target forward runs on the ``sum K_i`` real nodes only; sglang's
   acceptance and KV commit still see the padded layout.
@@ -27,8 +29,12 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.speculative.eagle_info import EagleVerifyInput
-from sglang.srt.speculative.eagle_utils import TreeMaskMode, per_step_draft_out_cache_loc
+from sglang.srt.speculative.eagle_info import EagleDraftInput, EagleVerifyInput
+from sglang.srt.speculative.eagle_utils import (
+    TreeMaskMode,
+    get_draft_recurrent_hidden_state_spec,
+    per_step_draft_out_cache_loc,
+)
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_eagle_verify
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
@@ -84,6 +90,8 @@ class EchoDraftWorker(EagleDraftWorker):
     echo_metrics = None  # the EchoWorker's EchoMetrics (per-request tree depths)
     echo_dart = None  # drafter dart: the step's DartSearch (None: EAGLE-3 drafting)
     echo_history = None  # drafter dart: the live requests' committed tokens (TokenHistory)
+    echo_drafter: str = "eagle3"
+    echo_dflash = None  # drafter dflash: the head and its context in the draft KV pool (DFlashPoolContext)
 
     def draft(self, batch, *, with_topology: bool = False):
         if with_topology:
@@ -108,6 +116,10 @@ class EchoDraftWorker(EagleDraftWorker):
             from .dart import DartFrontierDrafter
 
             frontier = DartFrontierDrafter(self, batch, draft_input, self.echo_dart, self.echo_history)
+        elif self.echo_dflash is not None:
+            from .dflash import DFlashFrontierDrafter
+
+            frontier = DFlashFrontierDrafter(self, batch, draft_input.bonus_tokens.reshape(bs).long(), self.echo_dflash)
         else:
             if policy.max_depth > 1 and steps > 1:
                 self.draft_attn_backend.init_forward_metadata(forward_batch)
@@ -170,6 +182,73 @@ class EchoDraftWorker(EagleDraftWorker):
         return verify_input
 
 
+    # -- drafter dflash: DFlash's context in the draft KV pool instead of EAGLE's draft layer -------
+    def init_lm_head(self):
+        if self.echo_drafter != "dflash":
+            return super().init_lm_head()
+        from .dflash import DFlashPoolContext, load_head
+
+        target = self.target_worker.model_runner
+        self.hot_token_id = None  # DFlash drafts over the target's vocabulary with its LM head
+        head = load_head(self.server_args.speculative_draft_model_path, target.model,
+                         target.model_config.num_hidden_layers, self.device)
+        self.echo_dflash = DFlashPoolContext(head, self.draft_runner)
+        log.info("ECHO DFlash drafter: block_size %d, %d layers, target layers %s", head.cfg.block_size,
+                 head.cfg.num_hidden_layers, list(head.cfg.target_layer_ids))
+
+    def _capture_cuda_graphs(self):
+        if self.echo_dflash is None:
+            return super()._capture_cuda_graphs()
+        self.cuda_graph_runner = self.cuda_graph_runner_for_draft_extend = None  # eager block forward
+
+    def _dflash_draft_input(self, bonus_tokens):
+        """The between-steps state EAGLE's plumbing relays; DFlash itself reads only the bonus tokens."""
+        bs = bonus_tokens.shape[0]
+        H, dtype = get_draft_recurrent_hidden_state_spec(self.draft_runner)
+        return EagleDraftInput(
+            topk_p=torch.ones(bs, self.topk, device=self.device),
+            topk_index=torch.zeros(bs, self.topk, dtype=torch.int64, device=self.device),
+            hidden_states=torch.zeros(bs, H, dtype=dtype, device=self.device),
+            bonus_tokens=bonus_tokens, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1,
+        )
+
+    def _window_slots(self, batch, kv_loc_plan):
+        """The draft pool's slots of the tokens the target just wrote (its plan's, or the batch's)."""
+        if kv_loc_plan is not None:
+            return kv_loc_plan.write_ids(self.draft_runner.kv_index_translator)
+        return batch.out_cache_loc
+
+    def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None,
+                                  kv_loc_plan=None):
+        if self.echo_dflash is None:
+            return super()._draft_extend_for_prefill(batch, target_hidden_states, next_token_ids, mm_input_embeds,
+                                                     kv_loc_plan=kv_loc_plan)
+        from .dflash import extend_positions
+
+        if not batch.forward_mode.is_idle():  # every extend token joins its request's context
+            self.echo_dflash.write(target_hidden_states, extend_positions(batch.prefix_lens, batch.extend_lens, self.device),
+                                   self._window_slots(batch, kv_loc_plan))
+        return self._dflash_draft_input(next_token_ids)
+
+    def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
+        if self.echo_dflash is None:
+            return super()._draft_extend_for_decode(batch, batch_result, kv_loc_plan=kv_loc_plan)
+        nxt = batch_result.next_draft_input
+        if not batch.forward_mode.is_idle():
+            # The root and accepted drafts (accept_lens of them), moved with their features to the
+            # front of each request's verify window, at positions seq_lens .. (pre-verify lengths).
+            bs, W = batch.seq_lens.shape[0], self.speculative_num_draft_tokens
+            take = torch.arange(W, device=self.device)[None, :] < batch_result.accept_lens[:, None]
+            pos = batch.seq_lens.to(torch.int64)[:, None] + torch.arange(W, device=self.device)[None, :]
+            feats = batch_result.logits_output.hidden_states.view(bs, W, -1)
+            slots = self._window_slots(batch, kv_loc_plan).view(bs, W)
+            self.echo_dflash.write(feats[take], pos[take], slots[take])
+        # verify set the next bonus tokens; the rest of the relayed state is shape-only for DFlash
+        fresh = self._dflash_draft_input(batch_result.next_token_ids.new_zeros(batch.seq_lens.shape[0]))
+        nxt.topk_p, nxt.topk_index, nxt.hidden_states = fresh.topk_p, fresh.topk_index, fresh.hidden_states
+        batch_result.logits_output.hidden_states = None
+
+
 class EchoWorker(EAGLEWorkerV2):
     """``EAGLEWorkerV2`` running ECHO (or any core policy), ragged or padded-dense verify."""
 
@@ -199,6 +278,7 @@ class EchoWorker(EAGLEWorkerV2):
             dw.echo_cfg, dw.echo_policy, dw.echo_width = cfg, self.echo_policy, self.echo_width
             dw.echo_probe = self.echo_probe
             dw.echo_step = EchoStepState()
+            dw.echo_drafter = cfg.drafter
             # The captured draft graph returns EAGLE's organized tree; ECHO drafts eagerly.
             dw.cuda_graph_runner = None
             if cfg.drafter == "dart":
