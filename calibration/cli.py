@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from sglang_echo.core.calibration_file import Calibration, fingerprint
+from sglang_echo.integration.config import DRAFTERS
 
 from . import report, stats
 from .probe import read_samples
@@ -40,7 +41,7 @@ class InputError(ValueError):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="echo-calibrate", description=__doc__.splitlines()[0])
-    ap.add_argument("--drafter", choices=("eagle3", "dart", "ngram"), required=True)
+    ap.add_argument("--drafter", choices=DRAFTERS, required=True)
     ap.add_argument("--model", type=Path, default=None, help="target checkpoint dir (default: the prepared SmolLM2, as make serve)")
     ap.add_argument("--draft", type=Path, default=None, help="EAGLE-3 head dir (default: the shipped head)")
     ap.add_argument("--prompts", default="chat,humaneval",
@@ -104,17 +105,16 @@ def resolve(args: argparse.Namespace) -> tuple[Path, Path | None]:
     if not (model / "config.json").is_file():
         raise InputError(f"--model {model}: no config.json there")
     draft = None
-    if args.drafter in ("eagle3", "dart"):
-        from sglang_echo.models.drafts import SMOLLM2_DART, SMOLLM2_EAGLE3, DraftMismatch, check_head_for, stage_head
+    if args.drafter != "ngram":
+        from sglang_echo.models.drafts import DraftMismatch, check_head_for, shipped_head
 
-        shipped = SMOLLM2_DART if args.drafter == "dart" else SMOLLM2_EAGLE3
         try:
-            draft = stage_head(model, shipped) if args.draft is None else args.draft
+            draft = shipped_head(model, args.drafter) if args.draft is None else args.draft
             check_head_for(model, draft)
         except DraftMismatch as e:
             raise InputError(f"--draft: {e}") from None
     elif args.draft is not None:
-        raise InputError("--draft is for the eagle3 and dart drafters; ngram has no weights")
+        raise InputError("--draft is for the drafters with weights; ngram has none")
     return model, draft
 
 

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..integration.config import DRAFTERS
 from ..models.prompts import load_mixed
 from ..serve.client import Generation, generate
 from ..serve.flags import ServerOptions, SpecOptions
@@ -59,6 +60,7 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
     # ECHO with a fixed drafter whatever --echo-drafter says (drafters side by side in one run).
     "echo-dart": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "dart"}),
     "echo-ngram": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "ngram"}),
+    "echo-dflash": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "dflash"}),
 }
 UNCALIBRATED = {"echo-paper"}
 
@@ -274,12 +276,15 @@ def run(args: argparse.Namespace) -> Report:
     from transformers import AutoTokenizer
 
     from ..calibration.shipped import shipped_calibration
-    from ..models.drafts import SMOLLM2_DART, stage_head
+    from ..models.drafts import shipped_head
     from ..models.prepare import prepare
 
     model = prepare(dtype=args.dtype).path
-    draft = Path(args.draft) if args.draft else stage_head(model)
-    heads = {"eagle3": draft, "dart": Path(args.dart_draft) if args.dart_draft else stage_head(model, SMOLLM2_DART)}
+    given = {"eagle3": args.draft, "dart": args.dart_draft, "dflash": args.dflash_draft}
+    drafters = {"eagle3"} | {CONFIGS[c][2].get("SGLANG_ECHO_DRAFTER", args.echo_drafter)
+                             for c in args.configs.split(",") if CONFIGS[c][0] == "echo"} - {"ngram"}
+    heads = {d: Path(given[d]) if given[d] else shipped_head(model, d) for d in sorted(drafters)}
+    draft = heads["eagle3"]
     calib_dir = calibration_dir(args)
     pick = None if calib_dir is None else lambda drafter: shipped_calibration(model, drafter, heads.get(drafter), calib_dir)
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -289,7 +294,8 @@ def run(args: argparse.Namespace) -> Report:
     datasets = [p.dataset for p in prompts_all]
     report = Report(
         machine={"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
-        settings={"model": str(model), "draft": str(draft), "dart_draft": str(heads["dart"]), "dtype": args.dtype, "max_new": args.max_new,
+        settings={"model": str(model), "draft": str(draft), "heads": {d: str(h) for d, h in heads.items()},
+                  "dtype": args.dtype, "max_new": args.max_new,
                   "concurrency": levels, "prompts": len(pool), "per_set": args.per_set,
                   "echo_drafter": args.echo_drafter, "calibration": args.calibration},
     )
@@ -451,9 +457,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--dtype", default="float32", help="float32 keeps the token-for-token check exact")
     ap.add_argument("--draft", default=None, help="EAGLE-3 head (default: the shipped head)")
-    ap.add_argument("--echo-drafter", choices=("eagle3", "dart", "ngram"), default="eagle3",
+    ap.add_argument("--echo-drafter", choices=DRAFTERS, default="eagle3",
                     help="the drafter of the echo* configs (echo-dart and echo-ngram pin theirs)")
     ap.add_argument("--dart-draft", default=None, help="DART head for the dart drafter (default: the shipped one)")
+    ap.add_argument("--dflash-draft", default=None, help="DFlash head for the dflash drafter (default: the shipped one)")
     ap.add_argument("--calibration", default=None, help="echo-calibrate output for the echo* configs, or a folder of them / 'shipped' (each "
                     "config takes the file made for its drafter; default: paper gates)")
     ap.add_argument("--port", type=int, default=30400)

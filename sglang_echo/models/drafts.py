@@ -1,8 +1,8 @@
 """Draft heads for the prepared target: the trained EAGLE-3 head that ships, and a plumbing head.
 
-* :func:`stage_head` stages what ``make serve`` and the benchmarks use: the EAGLE-3 head
-  trained for SmolLM2-135M-Instruct by ``echo-train-drafter`` (``sglang_echo/assets/``, with its
-  model card). It is staged into the cache next to the target with the target's tokenizer files,
+* :func:`stage_head` / :func:`shipped_head` stage what ``make serve`` and the benchmarks use: the
+  EAGLE-3, DART and DFlash heads trained for SmolLM2-135M-Instruct by ``echo-train-drafter``
+  (``sglang_echo/assets/``, each with its model card; :data:`SHIPPED`). It is staged into the cache next to the target with the target's tokenizer files,
   because sglang's draft runner loads a tokenizer from the draft directory.
 * :func:`early_exit_draft` writes an untrained EAGLE-3-format head from the target's own weights
   (FC keeps the deepest captured state, the decoder layer is an identity, norm and LM head are the
@@ -24,6 +24,10 @@ from .tiny import copy_tokenizer, write_tiny_eagle3_draft
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SMOLLM2_EAGLE3 = ASSETS / "eagle3-smollm2-135m-instruct"
 SMOLLM2_DART = ASSETS / "dart-smollm2-135m-instruct"
+SMOLLM2_DFLASH = ASSETS / "dflash-smollm2-135m-instruct"
+# The head each drafter serves SmolLM2 with when none is given (make serve, echo-calibrate, echo-bench).
+SHIPPED = {"eagle3": SMOLLM2_EAGLE3, "dart": SMOLLM2_DART, "dflash": SMOLLM2_DFLASH}
+DRAFTER_NAMES = {"eagle3": "EAGLE-3", "dart": "DART", "dflash": "DFlash", "ngram": "n-gram"}
 HEAD_FILES = ("config.json", "model.safetensors")
 OPTIONAL_FILES = (TRIE_FILE,)  # DART's n-gram trie, read next to its head
 
@@ -59,6 +63,14 @@ def stage_head(target_dir: Path, head_dir: Path = SMOLLM2_EAGLE3) -> Path:
                     shutil.copy2(head_dir / f, tmp / f)
                 copy_tokenizer(target_dir, tmp)
     return out
+
+
+def shipped_head(target_dir: Path, drafter: str) -> Path:
+    """The shipped head of ``drafter`` staged for ``target_dir`` (DraftMismatch if there is none)."""
+    head = SHIPPED.get(drafter)
+    if head is None or not (head / "config.json").is_file():
+        raise DraftMismatch(f"no {drafter} head ships with sglang-echo: pass one (--draft)")
+    return stage_head(target_dir, head)
 
 
 def early_exit_draft(target_dir: Path, out: Path | None = None) -> Path:

@@ -106,16 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"[sglang-echo] model: {args.model}")
     if needs_draft:
-        from sglang_echo.models.drafts import SMOLLM2_DART, SMOLLM2_EAGLE3, DraftMismatch, stage_head
+        from sglang_echo.models.drafts import DRAFTER_NAMES, DraftMismatch, shipped_head
 
-        dart = args.spec == "echo" and _echo_drafter() == "dart"
+        drafter = _echo_drafter() if args.spec == "echo" else "eagle3"
         try:
-            args.draft = stage_head(opts.model_path, SMOLLM2_DART if dart else SMOLLM2_EAGLE3)
+            args.draft = shipped_head(opts.model_path, drafter)
         except DraftMismatch as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         opts = replace(opts, draft_path=args.draft)
-        print(f"[sglang-echo] no --draft given: using the shipped {'DART' if dart else 'EAGLE-3'} head "
+        print(f"[sglang-echo] no --draft given: using the shipped {DRAFTER_NAMES[drafter]} head "
               "(sglang_echo/assets/, see its README)")
     if args.spec == "echo":
         opts = with_shipped_calibration(opts)
