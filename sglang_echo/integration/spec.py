@@ -130,13 +130,15 @@ def validate_server_args(sa) -> None:
            "needs a draft head (EAGLE-3, or DART / DFlash with that drafter): pass --speculative-draft-model-path "
            "(or set the ECHO drafter to 'ngram', which needs none)")
         from sglang_echo.drafters.base import head_kind
+        from sglang_echo.models.drafts import DRAFTER_NAMES
 
         path, drafter = sa.speculative_draft_model_path, configured_drafter()
         kind = head_kind(path)
         no(kind != drafter and kind in ("dart", "dflash"),
-           f"{path} is a {kind} head: set the ECHO drafter to '{kind}' (SGLANG_ECHO_DRAFTER={kind})")
+           f"{path} is a {DRAFTER_NAMES[kind]} head: set the ECHO drafter to '{kind}' (SGLANG_ECHO_DRAFTER={kind})")
         no(kind != drafter and drafter in ("dart", "dflash"),
-           f"drafter '{drafter}' needs a {drafter} head (its config.json architectures); {path} is a {kind} head")
+           f"drafter '{drafter}' needs a {DRAFTER_NAMES[drafter]} head (config.json architectures); "
+           f"{path} is {'an ' + DRAFTER_NAMES[kind] if kind else 'not a'} head")
         if drafter == "dflash":
             from sglang_echo.drafters.dflash_head import DFlashConfig
 

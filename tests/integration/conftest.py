@@ -35,7 +35,8 @@ STAGGER_S = 0.15  # request i is sent at i*STAGGER_S (capped by the pool): joins
 SMOLLM2_PROMPT_TOKENS = 160
 MATRIX_POLICIES = ("ar", "dense-gating", "fixed-threshold", "budgeted-chain")
 # Gating variants go to drafters whose drafts SmolLM2 accepts; the tiny EAGLE-3 pair rarely is.
-DEFAULT_PAIRS = {"eagle3": ("ar", "budgeted-chain"), "ngram": ("dense-gating",), "dart": ("fixed-threshold",)}
+DEFAULT_PAIRS = {"eagle3": ("ar", "budgeted-chain"), "ngram": ("dense-gating",), "dart": ("fixed-threshold",),
+                 "dflash": ()}
 
 
 def matrix(drafter: str, policies: tuple[str, ...] = MATRIX_POLICIES) -> list:

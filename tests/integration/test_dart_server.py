@@ -21,16 +21,23 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from sglang_echo.serve.client import Generation, generate
+from sglang_echo.serve.client import Generation
 
 from ._server_args_probe import probe
-from .conftest import SPEC, WORKERS, matrix, run_staggered, scrape, start
+from .conftest import SPEC, matrix
+from .drafter_servers import DrafterSuite
 
-K_MAX = 12  # < 8 requests x 7 slots: the budget binds whenever >= 2 requests are running
 DART = {"SGLANG_ECHO_DRAFTER": "dart"}
-BUDGETED = ("echo", "budgeted-chain", "dense-gating", "fixed-threshold")
+
+
+def _offline_dart(model, head: Path):
+    from sglang_echo.drafters.dart import load_dart_drafter
+
+    return load_dart_drafter(head, model.get_input_embeddings().weight, model.config.num_hidden_layers)
+
+
+SUITE = DrafterSuite("dart", _offline_dart)
 
 pytestmark = pytest.mark.server
 
@@ -52,71 +59,17 @@ def reference(smollm2_reference) -> list[Generation]:
     return smollm2_reference[:8]
 
 
-def serve(policy: str, smollm2_dir: Path, dart_head: Path, prompt_ids, *, env: dict | None = None,
-          one_by_one: int = 0) -> tuple[list[Generation], dict, list[Generation]]:
-    """Staggered greedy generations, the metrics, and ``one_by_one`` prompts served alone."""
-    env = {**DART, "SGLANG_ECHO_POLICY": policy, "SGLANG_ECHO_K_MAX": str(K_MAX), **(env or {})}
-    srv = start(smollm2_dir, spec="echo", draft=dart_head, env=env, tag=f"dart-{policy}")
-    try:
-        got = run_staggered(srv.base_url, prompt_ids)
-        metrics = scrape(srv.base_url)
-        alone = [generate(srv.base_url, input_ids=ids, max_new_tokens=32) for ids in prompt_ids[:one_by_one]]
-        alive = srv.alive()
-    finally:
-        srv.stop()
-    assert alive
-    return got, metrics, alone
-
-
-def check_lossless(policy: str, got: list[Generation], want: list[Generation], metrics: dict) -> None:
-    mismatches = [(i, w.output_ids, g.output_ids) for i, (w, g) in enumerate(zip(want, got)) if w.output_ids != g.output_ids]
-    assert not mismatches, f"dart/{policy}: {len(mismatches)}/{len(got)} outputs differ, first: {mismatches[0]}"
-    assert metrics["echo_budget_exceeded_total"] == 0 and metrics["echo_steps_total"] > 0
-    if policy in BUDGETED:
-        assert metrics["echo_step_verified_tokens_max"] <= max(K_MAX, WORKERS)
-    for g in got:
-        hist = g.meta.get("spec_cap_lens_histogram") or []
-        assert sum(hist) == g.meta["spec_verify_ct"] > 0 and len(hist) <= SPEC.num_draft_tokens + 1
-    correct = sum(g.meta["spec_num_correct_drafts"] for g in got)
-    tokens = sum(g.meta["completion_tokens"] for g in got)
-    steps = sum(g.meta["spec_verify_ct"] for g in got)
-    print(f"[dart/{policy}] tokens={tokens} verify_steps={steps} accepted_drafts={correct} "
-          f"accept_len={tokens / max(steps, 1):.2f}")
-    assert correct > 0 and steps < tokens
-
-
-def offline_correct_drafts(smollm2_dir: Path, dart_head: Path, prompts: list[list[int]], depth: int) -> tuple[list[int], int]:
-    """Accepted drafts per request of the offline loop, one request at a time, chain of ``depth``,
-    and the most drafts any step accepted."""
-    from sglang_echo.core.baselines import Chain
-    from sglang_echo.drafters.dart import load_dart_drafter
-    from sglang_echo.eval.loop import speculative_generate
-    from sglang_echo.eval.target import HFTarget
-
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32, attn_implementation="sdpa")
-    drafter = load_dart_drafter(dart_head, model.get_input_embeddings().weight, model.config.num_hidden_layers)
-    target = HFTarget(model, drafter.captured_layers)
-    out, deepest = [], 0
-    for ids in prompts:
-        res = speculative_generate(target, drafter, Chain(depth), [torch.tensor(ids)], max_new_tokens=32)
-        out.append(sum(max(int(a[0]), 0) for a in res.accept_len))
-        deepest = max([deepest] + [int(a[0]) for a in res.accept_len])
-    return out, deepest
-
-
 def test_dart_echo_lossless_and_drafts_match_offline(smollm2_dir, dart_head, prompt_ids, reference):
-    got, metrics, _ = serve("echo", smollm2_dir, dart_head, prompt_ids)
-    check_lossless("echo", got, reference, metrics)
+    got, metrics, _ = SUITE.serve("echo", smollm2_dir, dart_head, prompt_ids)
+    SUITE.check_lossless("echo", got, reference, metrics)
     assert sum(v for k, v in metrics.items() if k.startswith("echo_gate_evaluated_total[")) > 0
 
 
 def test_dart_chain_drafts_what_offline_dart_drafts(smollm2_dir, dart_head, prompt_ids, reference):
-    got, metrics, alone = serve("chain", smollm2_dir, dart_head, prompt_ids, one_by_one=4)
-    check_lossless("chain", got, reference, metrics)
+    got, metrics, alone = SUITE.serve("chain", smollm2_dir, dart_head, prompt_ids, one_by_one=4)
+    SUITE.check_lossless("chain", got, reference, metrics)
     server = [g.meta["spec_num_correct_drafts"] for g in alone]
-    offline, deepest = offline_correct_drafts(smollm2_dir, dart_head, prompt_ids[:4], SPEC.num_steps)
+    offline, deepest = SUITE.offline_correct_drafts(smollm2_dir, dart_head, prompt_ids[:4], SPEC.num_steps)
     print(f"[dart/chain] accepted drafts per request: server {server}, offline {offline}; deepest step {deepest}")
     assert server == offline
     assert deepest >= 2  # drafts from the mask positions (depth >= 2) were accepted, so they were compared
@@ -124,21 +77,21 @@ def test_dart_chain_drafts_what_offline_dart_drafts(smollm2_dir, dart_head, prom
 
 @pytest.mark.parametrize("policy", ["static-tree"])
 def test_dart_baseline_lossless(policy, smollm2_dir, dart_head, prompt_ids, reference):
-    got, metrics, _ = serve(policy, smollm2_dir, dart_head, prompt_ids)
-    check_lossless(policy, got, reference, metrics)
+    got, metrics, _ = SUITE.serve(policy, smollm2_dir, dart_head, prompt_ids)
+    SUITE.check_lossless(policy, got, reference, metrics)
 
 
 @pytest.mark.parametrize("policy", matrix("dart", ("dense-gating", "fixed-threshold", "budgeted-chain")))  # ar drafts nothing
 def test_dart_policy_matrix(policy, smollm2_dir, dart_head, prompt_ids, reference):
-    got, metrics, _ = serve(policy, smollm2_dir, dart_head, prompt_ids,
+    got, metrics, _ = SUITE.serve(policy, smollm2_dir, dart_head, prompt_ids,
                             env={"SGLANG_ECHO_CONFIG": json.dumps({"fixed_tau": 0.2})} if policy == "fixed-threshold" else None)
-    check_lossless(policy, got, reference, metrics)
+    SUITE.check_lossless(policy, got, reference, metrics)
 
 
 @pytest.mark.echo_matrix
 def test_dart_without_ngram_pruning_lossless(smollm2_dir, dart_head, prompt_ids, reference):
-    got, metrics, _ = serve("echo", smollm2_dir, dart_head, prompt_ids, env={"SGLANG_ECHO_DART_NGRAM": "0"})
-    check_lossless("echo/no-ngram", got, reference, metrics)
+    got, metrics, _ = SUITE.serve("echo", smollm2_dir, dart_head, prompt_ids, env={"SGLANG_ECHO_DART_NGRAM": "0"})
+    SUITE.check_lossless("echo/no-ngram", got, reference, metrics)
 
 
 def test_server_args_refuse_a_mismatched_head(smollm2_dir, dart_head, tmp_path):
