@@ -137,8 +137,8 @@ def validate_server_args(sa) -> None:
         no(kind != drafter and kind in ("dart", "dflash"),
            f"{path} is a {DRAFTER_NAMES[kind]} head: set the ECHO drafter to '{kind}' (SGLANG_ECHO_DRAFTER={kind})")
         no(kind != drafter and drafter in ("dart", "dflash"),
-           f"drafter '{drafter}' needs a {DRAFTER_NAMES[drafter]} head (config.json architectures); "
-           f"{path} is {'an ' + DRAFTER_NAMES[kind] if kind else 'not a'} head")
+           f"drafter '{drafter}' needs a {DRAFTER_NAMES[drafter]} head (config.json architectures); {path} is not one "
+           f"({DRAFTER_NAMES[kind] + ' head' if kind else 'no config.json'})")
         if drafter == "dflash":
             from sglang_echo.drafters.dflash_head import DFlashConfig
 
