@@ -83,3 +83,30 @@ def test_pool_context_drafts_what_the_offline_drafter_drafts():
             assert torch.equal(getattr(got, name), getattr(want, name)), name
         torch.testing.assert_close(got.logprob, want.logprob, atol=1e-6, rtol=0)
         assert server.forwards == 1
+
+
+class _HF(SimpleNamespace):
+    def to_dict(self):
+        return dict(vars(self))
+
+
+def test_capture_layers_come_from_the_dflash_head():
+    """sglang's EAGLE-3 aux resolution finds no eagle_config in a DFlash config; the hook supplies
+    the head's target_layer_ids (and leaves every other draft and the draft worker alone)."""
+    from sglang_echo.integration.dflash import resolve_capture_layers
+
+    head = make_head(seed=5, target_layer_ids=(1, 2), num_target_layers=4)
+    dflash_cfg = _HF(**head.cfg.to_hf())
+    eagle_cfg = _HF(architectures=["LlamaForCausalLMEagle3"])
+
+    def run(hf, *, eagle3=True, draft_worker=False):
+        config = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf), eagle_aux_hidden_state_layer_ids=None)
+        resolve_capture_layers(lambda **kw: None, config=config, server_args=None,
+                               model_config=SimpleNamespace(hf_text_config=SimpleNamespace(num_hidden_layers=4)),
+                               spec_algorithm=SimpleNamespace(is_eagle3=lambda: eagle3), is_draft_worker=draft_worker)
+        return config.eagle_aux_hidden_state_layer_ids
+
+    assert run(dflash_cfg) == [1, 2]
+    assert run(eagle_cfg) is None
+    assert run(dflash_cfg, draft_worker=True) is None
+    assert run(dflash_cfg, eagle3=False) is None
