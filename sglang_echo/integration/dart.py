@@ -41,6 +41,7 @@ from sglang_echo.core.policy import Frontier
 from sglang_echo.core.tree import Candidates
 from sglang_echo.drafters.dart import CombineConfig, DartSearch, load_head_trie
 from sglang_echo.drafters.dart_head import ARCHITECTURE, MASK_KEY
+from sglang_echo.platform.attention.paged_sdpa import gather_rows
 
 from .drafter import draft_extend_topk
 from .history import TokenHistory
@@ -99,8 +100,8 @@ class LlamaForCausalLMDart(LlamaForCausalLMEagle3):
         def heads(t: Tensor, n: int) -> Tensor:
             return t.reshape(B, m, n, D).transpose(1, 2)
 
-        kp = k_buffer[prefix_slots].to(q.dtype).transpose(1, 2)  # [B, kvh, L, D]
-        vp = v_buffer[prefix_slots].to(q.dtype).transpose(1, 2)
+        kp = gather_rows(k_buffer, prefix_slots).to(q.dtype).transpose(1, 2)  # [B, kvh, L, D]
+        vp = gather_rows(v_buffer, prefix_slots).to(q.dtype).transpose(1, 2)
         keys = torch.cat([kp, heads(k, attn.num_kv_heads)], 2)
         values = torch.cat([vp, heads(v, attn.num_kv_heads)], 2)
         committed = torch.arange(L, device=seq_lens.device)[None, :] < seq_lens[:, None]  # [B, L]

@@ -36,6 +36,7 @@ from sglang_echo.core.policy import Frontier
 from sglang_echo.core.tree import Candidates
 from sglang_echo.drafters.dflash import block_marginals, marginal_candidates
 from sglang_echo.drafters.dflash_head import ARCHITECTURE, DFlashConfig, DFlashHead
+from sglang_echo.platform.attention.paged_sdpa import gather_rows
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class DFlashPoolContext:
         dtype, keep = self.head.fc.weight.dtype, valid[:, :, None, None]
 
         def read(buf: Tensor) -> Tensor:
-            return torch.where(keep, buf[slots].to(dtype), 0).transpose(1, 2)
+            return torch.where(keep, gather_rows(buf, slots).to(dtype), 0).transpose(1, 2)
 
         return [(read(self.pool.get_key_buffer(a.layer_id)), read(self.pool.get_value_buffer(a.layer_id)))
                 for a in self.attn]
