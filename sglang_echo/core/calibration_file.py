@@ -79,12 +79,17 @@ class Calibration:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
 
+CONTENT_HASH_MAX_BYTES = 64 << 20  # weight files hashed by content: draft heads, not targets
+
+
 def fingerprint(path: str | Path) -> str:
     """A cheap, stable identity for a model or drafter directory.
 
-    Hashes config.json and the names and sizes of the weight files: re-saving the same weights
-    keeps it, a different checkpoint (or a different model) changes it. Hashing gigabytes of
-    weights at every server start would be too slow to be worth the extra certainty.
+    Hashes config.json, the names and sizes of the weight files, and the contents of weight files
+    up to :data:`CONTENT_HASH_MAX_BYTES`. Draft heads are that small, and a retrained head has the
+    same config and sizes as the one it replaces, so only its bytes tell them apart (a calibration
+    of the old head must not load for the new one). Hashing a target's gigabytes at every server
+    start would be too slow to be worth the extra certainty: there the names and sizes stand in.
     """
     root = Path(path)
     h = hashlib.sha256()
@@ -92,7 +97,10 @@ def fingerprint(path: str | Path) -> str:
     if config.is_file():
         h.update(config.read_bytes())
     for f in sorted(root.glob("*.safetensors")) + sorted(root.glob("*.bin")) + sorted(root.glob("*.gguf")):
-        h.update(f"{f.name}:{f.stat().st_size}".encode())
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        if size <= CONTENT_HASH_MAX_BYTES:
+            h.update(hashlib.sha256(f.read_bytes()).digest())
     return "sha256:" + h.hexdigest()
 
 

@@ -310,8 +310,11 @@ class DFlashHead(nn.Module):
         return self.norm(h)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """``norm(h)`` -> logits over the target vocabulary (the target's LM head)."""
-        return hidden @ self.lm_head.to(hidden.dtype).T
+        """``norm(h)`` -> logits over the target vocabulary (the target's LM head). Flattened to one
+        2-D GEMM: a strided 3-D ``hidden`` (``hid[:, 1:]``) otherwise goes to a batched GEMM that is
+        ~3x slower on the CPU for the 49k-row head."""
+        flat = F.linear(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.to(hidden.dtype))
+        return flat.view(*hidden.shape[:-1], flat.shape[-1])
 
     @torch.no_grad()
     def reference_block_logits(self, features: Tensor, anchor: int) -> Tensor:

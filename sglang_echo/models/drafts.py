@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -55,7 +56,9 @@ def stage_head(target_dir: Path, head_dir: Path = SMOLLM2_EAGLE3) -> Path:
     check_head_for(target_dir, head_dir)
     out = models_dir() / f"{target_dir.name}-{head_dir.name}"
     files = HEAD_FILES + tuple(f for f in OPTIONAL_FILES if (head_dir / f).is_file())
-    fp = json.dumps({"head": {f: (head_dir / f).stat().st_size for f in files}, "target": str(target_dir)})
+    # By content, not size: a retrained head has the same sizes as the one staged before it.
+    fp = json.dumps({"head": {f: hashlib.sha256((head_dir / f).read_bytes()).hexdigest() for f in files},
+                     "target": str(target_dir)})
     with locked(out):
         if not is_fresh(out, fp):
             with atomic_dir(out, {"fingerprint": fp}) as tmp:

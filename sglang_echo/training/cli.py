@@ -78,7 +78,7 @@ KINDS = {"eagle3": build_eagle3, "dart": build_dart, "dflash": build_dflash}
 
 def layers_for(kind: str, target: Path) -> tuple[int, ...]:
     L = json.loads((target / "config.json").read_text())["num_hidden_layers"]
-    if kind == "dflash":  # evenly spaced (z-lab layout)
+    if kind == "dflash":  # EAGLE-3's layers too, so one feature capture serves every kind
         from .dflash import captured_layers
 
         return captured_layers(L)

@@ -118,3 +118,15 @@ def test_shipped_calibration_is_found_only_for_its_model_and_drafter(tmp_path, s
     other.mkdir()
     (other / "config.json").write_text("{}")
     assert shipped_calibration(other, "ngram", root=shipped) is None
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "dart", "ngram"])
+def test_every_shipped_calibration_matches_its_shipped_head(drafter, smollm2_dir):
+    """A retrained head must ship with a new calibration: the fingerprint check would otherwise
+    make `make serve` fall back to the default gates."""
+    from sglang_echo.calibration.shipped import shipped_calibration
+    from sglang_echo.models.drafts import shipped_head
+
+    draft = None if drafter == "ngram" else shipped_head(smollm2_dir, drafter)
+    path = shipped_calibration(smollm2_dir, drafter, draft)
+    assert path is not None and path.name == f"smollm2-135m-instruct-{drafter}.json"

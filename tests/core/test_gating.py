@@ -79,7 +79,10 @@ def test_fingerprint_tracks_config_and_weights(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"x" * 10)
     f1 = fingerprint(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"x" * 11)
-    assert fingerprint(tmp_path) != f1
+    f2 = fingerprint(tmp_path)
+    assert f2 != f1
+    (tmp_path / "model.safetensors").write_bytes(b"y" * 11)  # a retrained head: same config and size
+    assert fingerprint(tmp_path) != f2
 
 
 def test_invalid_gating_configs_are_refused():
