@@ -7,7 +7,8 @@ generated token, the target's own). Each anchor makes one block ``[x_a, MASK x (
 positions ``a .. a + bs - 1``; all blocks of a sequence run in *one* forward of the draft layers,
 side by side after that sequence's context: block ``j`` attends to the context keys of positions
 ``< a_j`` (strictly: the target's feature of ``x_a`` itself does not exist yet when the block is
-drafted) and bidirectionally to its own ``bs`` positions, never to another block. This is exactly
+drafted) and bidirectionally to its own ``bs`` positions, never to another block (attention cost
+linear in the number of blocks: :func:`~sglang_echo.drafters.dflash_head.grouped_block_attention`). This is exactly
 what :class:`~sglang_echo.drafters.dflash.DFlashDrafter` computes after committing ``a`` positions
 with root ``x_a`` (tests check it). Block position ``k >= 1`` is trained with cross-entropy against
 ``x_{a+k}`` (the target's own greedy tokens: the data is self-distilled) through the target's frozen
@@ -137,13 +138,10 @@ def block_hidden(head: DFlashHead, batch: Batch, anchors: Tensor, keep: Tensor) 
     blocks = head.block_tokens(tokens.gather(1, anchors))  # [B, N, bs]
     pos = anchors[..., None] + torch.arange(bs, device=dev)  # [B, N, bs]
     q_anchor = anchors[:, :, None].expand(B, N, bs).reshape(B, N * bs)
-    q_block = torch.arange(N, device=dev).repeat_interleave(bs)
     see_ctx = torch.arange(T, device=dev)[None, None, :] < q_anchor[:, :, None]  # [B, N*bs, T]
-    see_blk = (q_block[:, None] == q_block[None, :]).expand(B, N * bs, N * bs)
-    mask = torch.cat([see_ctx, see_blk], -1) & keep.repeat_interleave(bs, 1)[:, :, None]
-    # Padding blocks (keep False) still see themselves so no softmax row is empty; they are unlabelled.
-    mask[..., T:] |= torch.eye(N * bs, dtype=torch.bool, device=dev)
-    hid = head.forward_blocks(blocks.reshape(B, N * bs), pos.reshape(B, N * bs), kv, mask[:, None])
+    # Padding blocks (keep False) see no context, only themselves (no empty softmax row); unlabelled.
+    see_ctx &= keep.repeat_interleave(bs, 1)[:, :, None]
+    hid = head.forward_blocks(blocks.reshape(B, N * bs), pos.reshape(B, N * bs), kv, see_ctx[:, None], group=bs)
     return hid.view(B, N, bs, -1)
 
 

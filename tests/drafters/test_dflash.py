@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 from sglang_echo.core.baselines import Chain, StaticTree
 from sglang_echo.core.policy import Frontier, build_trees
 from sglang_echo.drafters.dflash import DFlashDrafter
-from sglang_echo.drafters.dflash_head import DFlashConfig, DFlashHead, default_target_layer_ids
+from sglang_echo.drafters.dflash_head import (DFlashConfig, DFlashHead, default_target_layer_ids,
+                                              grouped_block_attention)
 
 V, H, BS = 97, 32, 5
 DT = torch.float64
@@ -136,6 +137,23 @@ def test_config_reads_zlab_and_sglang_variants():
 
 
 # -- 2. lazy catch-up equals a from-scratch block forward ---------------------------------------------
+def test_grouped_block_attention_equals_the_dense_block_diagonal_mask():
+    """Training's linear-cost attention = SDPA over [context | all blocks] with a block-diagonal mask."""
+    g = torch.Generator().manual_seed(3)
+    B, Hq, Hk, Tc, n, bs, D = 2, 4, 2, 7, 5, 3, 8
+    S = n * bs
+    q = torch.randn(B, Hq, S, D, generator=g, dtype=DT)
+    kc, vc = (torch.randn(B, Hk, Tc, D, generator=g, dtype=DT) for _ in range(2))
+    k, v = (torch.randn(B, Hk, S, D, generator=g, dtype=DT) for _ in range(2))
+    ctx_mask = torch.rand(B, 1, S, Tc, generator=g) < 0.6
+    ctx_mask[0, :, :bs] = False  # a block that sees no context at all still has its own keys
+    blk = torch.arange(S) // bs
+    dense = torch.cat([ctx_mask, (blk[:, None] == blk[None, :]).expand(B, 1, S, S)], -1)
+    want = torch.nn.functional.scaled_dot_product_attention(q, torch.cat([kc, k], 2), torch.cat([vc, v], 2),
+                                                            attn_mask=dense, enable_gqa=True)
+    torch.testing.assert_close(grouped_block_attention(q, kc, vc, k, v, ctx_mask, bs), want, atol=1e-12, rtol=0)
+
+
 def test_incremental_catch_up_equals_from_scratch_block():
     head = make_head(seed=2)
     hist = History([12, 7, 9, 1], seed=2)
