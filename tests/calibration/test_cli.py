@@ -120,7 +120,7 @@ def test_shipped_calibration_is_found_only_for_its_model_and_drafter(tmp_path, s
     assert shipped_calibration(other, "ngram", root=shipped) is None
 
 
-@pytest.mark.parametrize("drafter", ["eagle3", "dart", "ngram"])
+@pytest.mark.parametrize("drafter", ["eagle3", "dart", "dflash", "ngram"])
 def test_every_shipped_calibration_matches_its_shipped_head(drafter, smollm2_dir):
     """A retrained head must ship with a new calibration: the fingerprint check would otherwise
     make `make serve` fall back to the default gates."""

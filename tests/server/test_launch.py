@@ -65,6 +65,14 @@ def test_echo_with_the_dart_drafter_uses_the_shipped_dart_head(smollm2_dir: Path
     assert "smollm2-135m-instruct-dart.json (shipped" in r.stdout
 
 
+def test_echo_with_the_dflash_drafter_uses_the_shipped_dflash_head_and_calibration(smollm2_dir: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SGLANG_ECHO_DRAFTER", "dflash")
+    r = _launch("--spec", "echo", "--port", "32098", "--dry-run", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "-dflash-smollm2-135m-instruct" in r.stdout.split("exec:")[1]
+    assert "smollm2-135m-instruct-dflash.json (shipped" in r.stdout
+
+
 def test_a_draft_dir_without_config_is_refused(tmp_path: Path) -> None:
     r = _launch("--spec", "eagle3", "--port", "32098", "--draft", str(tmp_path))
     assert r.returncode == 2
