@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from sglang_echo.drafters.dflash_head import DFlashConfig, DFlashHead
 from sglang_echo.training.batches import collate
-from sglang_echo.training.dflash import AnchorSampler, default_gamma, dflash_loss
+from sglang_echo.training.dflash import AnchorSampler, block_inputs, default_gamma, dflash_loss
 from sglang_echo.training.features import Sequence
 
 HEAD_CONFIG = Path(__file__).resolve().parents[1] / "sglang_echo/assets/dflash-smollm2-135m-instruct/config.json"
@@ -43,19 +44,11 @@ def make_inputs(bs: int, seqs: int, length: int, prompt: int, seed: int = 0):
     return head.train(), batch, anchors, keep
 
 
-def layer_inputs(head: DFlashHead, batch, anchors, keep):
-    """What ``block_hidden`` hands ``forward_blocks``, plus the dense mask the trainer used before."""
-    B, T = batch.tokens.shape
-    N, bs = anchors.shape[1], head.cfg.block_size
-    with torch.no_grad():
-        kv = head.context_kv(head.context(batch.features), torch.arange(T)[None].expand(B, T))
-    blocks = head.block_tokens(batch.tokens.gather(1, anchors)).reshape(B, N * bs)
-    pos = (anchors[..., None] + torch.arange(bs)).reshape(B, N * bs)
-    q_anchor = anchors[:, :, None].expand(B, N, bs).reshape(B, N * bs)
-    see_ctx = (torch.arange(T)[None, None, :] < q_anchor[:, :, None]) & keep.repeat_interleave(bs, 1)[:, :, None]
-    blk = torch.arange(N * bs) // bs
-    dense = torch.cat([see_ctx, (blk[:, None] == blk[None, :]).expand(B, N * bs, N * bs)], -1)
-    return blocks, pos, kv, see_ctx[:, None], dense[:, None]
+def dense_block_mask(ctx_mask: Tensor, bs: int) -> Tensor:
+    """The dense mask the trainer used before: the context part, then a block-diagonal ``[S, S]``."""
+    B, _, S, _ = ctx_mask.shape
+    blk = torch.arange(S) // bs
+    return torch.cat([ctx_mask, (blk[:, None] == blk[None, :]).expand(B, 1, S, S)], -1)
 
 
 def timed(fn, reps: int) -> float:
@@ -70,7 +63,9 @@ def timed(fn, reps: int) -> float:
 
 def run(bs: int, args) -> dict:
     head, batch, anchors, keep = make_inputs(bs, args.seqs, args.length, args.prompt)
-    blocks, pos, kv, ctx_mask, dense = layer_inputs(head, batch, anchors, keep)
+    with torch.no_grad():  # the draft layers alone are timed: no gradient into the context K/V
+        blocks, pos, kv, ctx_mask = block_inputs(head, batch, anchors, keep)
+    dense = dense_block_mask(ctx_mask, bs)
 
     def layers(grouped: bool):
         def step():

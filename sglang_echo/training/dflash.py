@@ -128,8 +128,11 @@ class AnchorSampler:
         return anchors.masked_fill(~keep, 0).to(tokens.device), keep.to(tokens.device)
 
 
-def block_hidden(head: DFlashHead, batch: Batch, anchors: Tensor, keep: Tensor) -> Tensor:
-    """Every block of every sequence in one forward: ``norm(h)`` ``[B, N, bs, H]`` (module docstring)."""
+def block_inputs(head: DFlashHead, batch: Batch, anchors: Tensor,
+                 keep: Tensor) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]], Tensor]:
+    """What :meth:`DFlashHead.forward_blocks` takes for every block of every sequence, side by side
+    (module docstring): block tokens and positions ``[B, N * bs]``, the context K/V per layer, and
+    the context mask ``[B, 1, N * bs, T]``; each block sees only itself (``group=block_size``)."""
     tokens = batch.tokens
     B, T = tokens.shape
     N, bs, dev = anchors.shape[1], head.cfg.block_size, tokens.device
@@ -141,8 +144,14 @@ def block_hidden(head: DFlashHead, batch: Batch, anchors: Tensor, keep: Tensor) 
     see_ctx = torch.arange(T, device=dev)[None, None, :] < q_anchor[:, :, None]  # [B, N*bs, T]
     # Padding blocks (keep False) see no context, only themselves (no empty softmax row); unlabelled.
     see_ctx &= keep.repeat_interleave(bs, 1)[:, :, None]
-    hid = head.forward_blocks(blocks.reshape(B, N * bs), pos.reshape(B, N * bs), kv, see_ctx[:, None], group=bs)
-    return hid.view(B, N, bs, -1)
+    return blocks.reshape(B, N * bs), pos.reshape(B, N * bs), kv, see_ctx[:, None]
+
+
+def block_hidden(head: DFlashHead, batch: Batch, anchors: Tensor, keep: Tensor) -> Tensor:
+    """Every block of every sequence in one forward: ``norm(h)`` ``[B, N, bs, H]`` (module docstring)."""
+    bs = head.cfg.block_size
+    hid = head.forward_blocks(*block_inputs(head, batch, anchors, keep), group=bs)
+    return hid.view(*anchors.shape, bs, -1)
 
 
 def dflash_loss(head: DFlashHead, batch: Batch, sampler: AnchorSampler, gamma: float,
@@ -231,5 +240,5 @@ def build(target: Path, seqs, args):
     return head, loss_fn, partial(save_checkpoint, head, sampler)
 
 
-__all__ = ["AnchorSampler", "block_hidden", "build", "captured_layers", "default_gamma", "dflash_loss", "init_head",
+__all__ = ["AnchorSampler", "block_hidden", "block_inputs", "build", "captured_layers", "default_gamma", "dflash_loss", "init_head",
            "resolve_mask_token", "resumable_sampler", "save_checkpoint", "target_layer_ids"]
