@@ -61,6 +61,10 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
     "echo-dart": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "dart"}),
     "echo-ngram": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "ngram"}),
     "echo-dflash": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "dflash"}),
+    # Each step's cap from the measured cost model instead of a fixed K_max (core.budget).
+    "echo-cost": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost"}),
+    "echo-ngram-cost": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "ngram",
+                                                "SGLANG_ECHO_BUDGET": "cost"}),
 }
 UNCALIBRATED = {"echo-paper"}
 
@@ -243,6 +247,8 @@ def echo_deltas(before: dict[str, float], after: dict[str, float]) -> dict | Non
         # a max-mode gauge: the largest step since the server started, not only this level's
         "step_verified_max": after.get("echo_step_verified_tokens_max"),
         "k_max": after.get("echo_budget_k_max"),
+        # the mean per-step cap: K_max with budget fixed, the cost model's caps with budget cost
+        "cap_per_step": d("echo_budget_cap_tokens_total") / steps if steps and "echo_budget_cap_tokens_total" in after else None,
         "budget_exceeded": d("echo_budget_exceeded_total"),
         "timed_steps": timed,
         "control_s": control_s,
@@ -396,15 +402,16 @@ def budget_table(runs: list[Run]) -> list[str]:
         return []
     out = [(f"ECHO per step (from the echo_* counters; control = gating + scheduling + packing, goal <= "
             f"{100 * CONTROL_GOAL:.0f}% of the step):"), "",
-           ("| config | concurrency | steps | verified tokens/step | max so far | K_max | step ms | control ms | "
-            "control share | <= 3% |"),
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           ("| config | concurrency | steps | verified tokens/step | max so far | K_max | mean cap | step ms | "
+            "control ms | control share | <= 3% |"),
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         e = r.echo
         share = e.get("control_share")
         ok = "-" if share is None else ("yes" if share <= CONTROL_GOAL else "no")
         out.append(f"| {r.config} | {r.concurrency} | {e['steps']:.0f} | {_f(e.get('verified_per_step'), '.1f')} | "
-                   f"{_f(e.get('step_verified_max'), '.0f')} | {_f(e.get('k_max'), '.0f')} | {_f(e.get('step_ms'))} | "
+                   f"{_f(e.get('step_verified_max'), '.0f')} | {_f(e.get('k_max'), '.0f')} | "
+                   f"{_f(e.get('cap_per_step'), '.1f')} | {_f(e.get('step_ms'))} | "
                    f"{_f(e.get('control_ms'), '.3f')} | {_f(share and 100 * share, '.2f', '%')} | {ok} |")
     return out
 

@@ -118,9 +118,19 @@ class TreePolicy(ABC):
         return state.pool.compact()
 
 
-def build_trees(policy: TreePolicy, drafter: TreeDrafter, roots: Tensor) -> tuple[DraftTrees, BuildState]:
-    """Run one step's draft-and-schedule loop (see the module docstring)."""
+def build_trees(policy: TreePolicy, drafter: TreeDrafter, roots: Tensor,
+                k_max: int | None = None) -> tuple[DraftTrees, BuildState]:
+    """Run one step's draft-and-schedule loop (see the module docstring).
+
+    ``k_max``: this step's verification cap, when lower than the policy's own (a per-step budget
+    such as :class:`~sglang_echo.core.budget.CostModelBudget`'s); only budgeted policies have one.
+    """
     state = policy.start(roots)
+    if k_max is not None and policy.budgeted:
+        cap = max(k_max - roots.numel(), 0)
+        state.budget = state.budget.clamp(max=cap) if isinstance(state.budget, Tensor) else min(state.budget, cap)
+        if cap == 0:  # plain decoding: nothing is drafted at all
+            state.active = torch.zeros_like(state.active)
     while not state.done:
         policy.advance(state, drafter.propose(state.frontier(), policy.children_per_node))
     return policy.finish(state), state

@@ -11,7 +11,7 @@ reach every sglang subprocess). Resolution order, later wins:
 4. per-field environment overrides ``SGLANG_ECHO_<FIELD>`` (``SGLANG_ECHO_POLICY``,
    ``SGLANG_ECHO_K_MAX``, ``SGLANG_ECHO_MAX_DEPTH``, ``SGLANG_ECHO_W_DEF``, ``SGLANG_ECHO_W_MAX``,
    ``SGLANG_ECHO_WIDTH``, ``SGLANG_ECHO_CALIBRATION``, ``SGLANG_ECHO_DRAFTER``,
-   ``SGLANG_ECHO_DART_NGRAM``, ``SGLANG_ECHO_VERIFY``).
+   ``SGLANG_ECHO_DART_NGRAM``, ``SGLANG_ECHO_VERIFY``, ``SGLANG_ECHO_BUDGET``).
 
 Defaults: policy ``echo``, ``k_max`` 64 (batch verification cap, roots included), ``max_depth``
 4, ``w_def`` 1, ``w_max`` 2, no calibration file (the paper's default gates, logged loudly),
@@ -23,7 +23,10 @@ DFlash head there, :mod:`.dflash`; ``ngram``: the parameter-free n-gram drafter
 ``max(max_depth + 1, min(k_max, 1 + max_depth * w_def + w_max))``. ``verify`` ``auto``: the
 target forward runs on the real tree nodes only (``ragged``, :mod:`.ragged`) where the
 attention backend supports it (the CPU platform's), else on every request's ``W`` slots
-(``padded``, what CUDA graphs capture).
+(``padded``, what CUDA graphs capture). ``budget`` ``fixed``: every step of a budgeted policy
+(``echo``, ``dense-gating``, ``fixed-threshold``, ``budgeted-chain``) may verify up to ``k_max``;
+``cost``: each step's cap ``<= k_max`` comes from a cost model the worker fits while serving
+(:mod:`sglang_echo.core.budget`), down to plain decoding where drafting does not pay.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ ENV_PREFIX = "SGLANG_ECHO_"
 DRAFTERS = ("eagle3", "dart", "dflash", "ngram")
 # Policies whose tree grows by the elastic scheduler (frontier w_def, children w_max).
 ELASTIC = ("echo", "dense-gating", "fixed-threshold")
+BUDGETS = ("fixed", "cost")  # how a budgeted policy's per-step cap is set (see the module docstring)
 
 
 class EchoConfigError(ValueError):
@@ -63,6 +67,7 @@ class EchoConfig:
     dart_ngram: bool = True  # drafter dart: DART's n-gram-enforced ranking (False: the logits alone)
     fixed_tau: float = 0.3
     verify: str = "auto"  # auto | ragged | padded (see the module docstring)
+    budget: str = "fixed"  # fixed | cost: each step's cap from the measured cost model (budgeted policies)
     source: str = "defaults"
 
     # -- derived ---------------------------------------------------------------------------
@@ -117,6 +122,8 @@ class EchoConfig:
             raise bad(f"w_max={self.w_max} must be >= 2 (the verify path needs a tree, topk >= 2)")
         if self.verify not in VERIFY_MODES:
             raise bad(f"verify={self.verify!r} is unknown; choose one of {', '.join(VERIFY_MODES)}")
+        if self.budget not in BUDGETS:
+            raise bad(f"budget={self.budget!r} is unknown; choose one of {', '.join(BUDGETS)}")
         if not 0.0 <= self.fixed_tau <= 1.0:
             raise bad(f"fixed_tau={self.fixed_tau} must be a probability in [0, 1]")
         W = self.resolved_width()
@@ -293,3 +300,18 @@ def make_echo_policy(cfg: EchoConfig, calibration=None):
     from sglang_echo.core.factory import make_policy
 
     return make_policy(cfg.policy, cfg.policy_config(), calibration=calibration)
+
+
+def make_step_budget(cfg: EchoConfig, policy, padded_width: Optional[int]):
+    """The per-step cost-model cap for ``budget: cost`` (:mod:`sglang_echo.core.budget`), or None.
+
+    ``padded_width``: W when the target verifies every request's W slots, None for ragged verify.
+    """
+    if cfg.budget != "cost":
+        return None
+    if not policy.budgeted:
+        log.warning("ECHO: budget=cost ignored: policy %s has no verification cap", cfg.policy)
+        return None
+    from sglang_echo.core.budget import CostModelBudget
+
+    return CostModelBudget(cfg.k_max, policy.max_depth, padded_width=padded_width)

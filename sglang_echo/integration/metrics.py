@@ -11,6 +11,8 @@ sglang's own ``spec_cap_length`` / ``spec_cap_lens_histogram`` come from ``cap_l
 * ``echo_steps_total``: verify steps;
 * ``echo_gate_evaluated_total{depth}`` / ``echo_gate_passed_total{depth}``;
 * ``echo_budget_k_max``: the configured K_max;
+* ``echo_budget_cap_tokens_total``: sum of the steps' caps (K_max, or the cost model's per-step
+  cap under ``budget: cost``), so ``cap / steps`` is the mean cap;
 * ``echo_step_verified_tokens_max``: the largest per-step sum of K_i seen;
 * ``echo_budget_exceeded_total``: steps over ``max(K_max, bs)`` (must stay 0).
 
@@ -62,11 +64,12 @@ def _env_flag(name: str, default: bool) -> bool:
     return default if raw == "" else raw not in ("0", "false", "no", "off")
 
 
-def timing_sync(device) -> Callable[[], None]:
+def timing_sync(device, force: bool = False) -> Callable[[], None]:
     """What the workers call at each timing boundary: ``torch.cuda.synchronize`` when
-    ``SGLANG_ECHO_TIMING_SYNC=1`` and ``device`` is a CUDA device, else a no-op (CPU work is
-    synchronous, and without the variable GPU step times are host times)."""
-    if not _env_flag(SYNC_ENV, False) or not str(device).startswith("cuda"):
+    ``SGLANG_ECHO_TIMING_SYNC=1`` (or ``force``: the cost-model budget needs true times) and
+    ``device`` is a CUDA device, else a no-op (CPU work is synchronous, and without the variable
+    GPU step times are host times)."""
+    if not (force or _env_flag(SYNC_ENV, False)) or not str(device).startswith("cuda"):
         return _noop
     import torch
 
@@ -122,7 +125,7 @@ class EchoMetrics:
         self.cfg = cfg
         self.enabled = enabled
         self.step_max = 0
-        self.totals = {"verified": 0, "target": 0, "accepted": 0, "steps": 0, "exceeded": 0,
+        self.totals = {"verified": 0, "target": 0, "accepted": 0, "steps": 0, "exceeded": 0, "cap": 0,
                        "timed_steps": 0, **{f"{k}_seconds": 0.0 for k in TIMERS}}
         self.request_depth = _env_flag(DEPTH_ENV, True)
         self._m = None
@@ -146,6 +149,7 @@ class EchoMetrics:
             "gate_eval": Counter("echo_gate_evaluated", "Confidence gates evaluated", ["depth"]),
             "gate_pass": Counter("echo_gate_passed", "Confidence gates passed", ["depth"]),
             "k_max": Gauge("echo_budget_k_max", "Configured K_max", multiprocess_mode="max"),
+            "cap": Counter("echo_budget_cap_tokens", "Sum of the steps' verification caps (K_max or the cost model's)"),
             "step_max": Gauge("echo_step_verified_tokens_max", "Largest per-step sum of K_i", multiprocess_mode="max"),
             "timed_steps": Counter("echo_timed_steps", "Decode steps covered by the echo_*_seconds counters"),
             "control_seconds": Counter(
@@ -159,7 +163,9 @@ class EchoMetrics:
 
     def on_step(self, st, target_tokens: int) -> None:
         total = int(st.sizes.sum())
+        cap = st.cap if getattr(st, "cap", None) is not None else self.cfg.k_max
         self.totals["verified"] += total
+        self.totals["cap"] += cap
         self.totals["target"] += target_tokens
         self.totals["steps"] += 1
         self.step_max = max(self.step_max, total)
@@ -168,6 +174,7 @@ class EchoMetrics:
         self._m["verified"].inc(total)
         self._m["target"].inc(target_tokens)
         self._m["steps"].inc()
+        self._m["cap"].inc(cap)
         self._m["step_max"].set(self.step_max)
         if st.gate_evaluated is not None:
             ev, pa = st.gate_evaluated.tolist(), st.gate_passed.tolist()

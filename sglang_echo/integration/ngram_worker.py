@@ -50,7 +50,7 @@ from sglang_echo.core.policy import Frontier, build_trees
 from sglang_echo.core.tree import Candidates, NodePool
 from sglang_echo.drafters.ngram import NGramDrafter
 
-from .config import EchoConfig, load_calibration_for, load_config, make_echo_policy
+from .config import EchoConfig, load_calibration_for, load_config, make_echo_policy, make_step_budget
 from .history import History
 from .metrics import EchoMetrics, TimedDrafter, timing_sync
 from .padded import to_sglang_dense
@@ -146,26 +146,29 @@ class NgramStep:
     draft_forwards: int = 0
     pool: NodePool | None = None  # every drafted candidate (the calibration probe reads it)
     depths: torch.Tensor | None = None  # [bs] deepest node of each request's tree
+    cap: int | None = None  # this step's verification cap (None: the configured K_max)
     control_s: float = 0.0  # build_trees minus the drafters' propose, plus packing (see .metrics)
     propose_s: float = 0.0  # inside the drafters' propose (n-gram lookups)
     draft_s: float = 0.0  # set by the worker: its drafting phase minus control_s
     prepare_s: float = 0.0  # set by the worker: the whole _prepare_draft_tokens
 
 
-def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Tensor, width: int):
+def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Tensor, width: int,
+                       k_max: int | None = None):
     """ECHO trees over n-gram drafters, in NGRAM's layout: ``(tokens [bs*W] int64, mask [bs*W*W]
     bool, step)`` (host numpy arrays, as NGRAM's corpus returns them). ``step.control_s`` is the
-    wall time of all this minus the drafters' ``propose`` (host work: no device sync needed)."""
+    wall time of all this minus the drafters' ``propose`` (host work: no device sync needed).
+    ``k_max``: this step's cap, when the cost-model budget set one."""
     t0 = time.perf_counter()
     drafter = TimedDrafter(BatchDrafter(drafters))
-    trees, state = build_trees(policy, drafter, roots)
+    trees, state = build_trees(policy, drafter, roots, k_max=k_max)
     dense = to_sglang_dense(trees, torch.zeros_like(roots), width)  # positions: NGRAM rebuilds them
     step = NgramStep(dense.sizes, state.gate_evaluated, state.gate_passed, drafter.forwards, state.pool)
     tokens = dense.draft_token.to(torch.int64).numpy()
     mask = dense.tree_mask.reshape(-1).numpy()
     step.propose_s = drafter.seconds
     step.control_s = time.perf_counter() - t0 - drafter.seconds
-    step.depths = trees.max_depth()
+    step.depths, step.cap = trees.max_depth(), k_max
     return tokens, mask, step
 
 
@@ -244,13 +247,18 @@ def _define_worker():
             self._echo_draft_s = 0.0
             self.echo_sync = timing_sync(self.device)
             self.echo_verify = "padded"  # until init_attention_backends: the target's backend decides
+            self.echo_budget = None  # budget cost: set with the verify mode
             log.info("ECHO ngram worker: policy %s (%s), W=%d, no draft model",
                      self.echo_policy.name, cfg.describe(), self.echo_width)
 
         def init_attention_backends(self):
             super().init_attention_backends()
             self.echo_verify = resolve_verify_mode(self.echo_cfg.verify, self.model_runner.attn_backend)
-            log.info("ECHO ngram worker: %s verify", self.echo_verify)
+            padded = None if self.echo_verify == "ragged" else self.echo_width
+            self.echo_budget = make_step_budget(self.echo_cfg, self.echo_policy, padded)
+            if self.echo_budget is not None:  # the cost model needs true device times
+                self.echo_sync = timing_sync(self.device, force=True)
+            log.info("ECHO ngram worker: %s verify, %s budget", self.echo_verify, self.echo_cfg.budget)
 
         # -- the one real override: where the trees come from -------------------------------------
         def _prepare_draft_tokens(self, batch) -> tuple[np.ndarray, np.ndarray]:
@@ -270,8 +278,9 @@ def _define_worker():
                 hist = History(req.origin_input_ids_unpadded, req.output_ids, extra)
                 drafters.append(self.ngram_corpus.sync(req.rid, hist))
                 roots.append(hist[-1])  # the last committed token: its KV is written by this verify
+            cap = None if self.echo_budget is None else self.echo_budget.cap(bs)
             tokens, mask, step = build_ngram_drafts(
-                self.echo_policy, drafters, torch.tensor(roots, dtype=torch.int64), self.echo_width)
+                self.echo_policy, drafters, torch.tensor(roots, dtype=torch.int64), self.echo_width, k_max=cap)
             step.draft_s = time.perf_counter() - t0 - step.control_s  # catch-up + lookups
             self._echo_step = step
             self.echo_metrics.on_tree_depths(batch.reqs, step.depths)
@@ -309,11 +318,18 @@ def _define_worker():
                 result.cap_lens = st.sizes.to(self.device)
                 self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st.sizes)
                 self.echo_metrics.on_step(st, forward_tokens)
+                if self.echo_budget is not None:
+                    self.echo_budget.observe_step(
+                        batch_size=st.sizes.numel(), target_tokens=forward_tokens, depths=st.depths,
+                        draft_forwards=st.draft_forwards, draft_s=st.draft_s + st.control_s,
+                        verify_s=step_s - st.prepare_s, step_s=step_s)
             return result
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
             super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
             self.echo_metrics.on_accept(num_correct_drafts_per_req)
+            if self.echo_budget is not None:
+                self.echo_budget.observe_accept(num_correct_drafts_per_req)
             if self.echo_probe is not None:
                 self.echo_probe.on_accept(num_correct_drafts_per_req)
 

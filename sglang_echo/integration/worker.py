@@ -15,6 +15,8 @@
 * Ragged verify (:mod:`.ragged`, where the attention backend supports it): the verify input
   also carries ``K``, and the target forward runs on the ``sum K_i`` real nodes only; sglang's
   acceptance and KV commit still see the padded layout.
+* ``budget: cost`` (:mod:`sglang_echo.core.budget`): each step's cap comes from a cost model fed
+  with the step's timing and acceptance, down to plain decoding where drafting does not pay.
 * Timing (:mod:`.metrics`): ``draft()`` splits its wall time into control (``build_trees``
   minus the drafter's ``propose``, plus packing) and drafting, ``verify()`` times the verify
   pass, :meth:`EchoWorker.forward_batch_generation` the whole decode step.
@@ -41,7 +43,8 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 from sglang_echo.calibration.probe import ProbeRecorder
 from sglang_echo.core.policy import build_trees
 
-from .config import EchoConfig, configured_drafter, load_calibration_for, load_config, make_echo_policy
+from .config import (EchoConfig, configured_drafter, load_calibration_for, load_config, make_echo_policy,
+                     make_step_budget)
 from .drafter import EagleFrontierDrafter
 from .metrics import EchoMetrics, TimedDrafter, _noop, timing_sync
 from .padded import to_sglang_dense
@@ -70,6 +73,8 @@ class EchoStepState:
         self.gate_passed: Optional[torch.Tensor] = None
         self.draft_forwards = 0
         self.depths: Optional[torch.Tensor] = None  # [bs] deepest node of each request's tree
+        self.cap: Optional[int] = None  # this step's verification cap (None: the configured K_max)
+        self.forward_tokens = 0  # tokens the target's verify forward computed
         # Wall seconds (see .metrics): set by draft() / verify(), read once by the step.
         self.timed = False
         self.control_s = 0.0
@@ -92,6 +97,7 @@ class EchoDraftWorker(EagleDraftWorker):
     echo_history = None  # drafter dart: the live requests' committed tokens (TokenHistory)
     echo_drafter: str = "eagle3"
     echo_dflash = None  # drafter dflash: the head and its context in the draft KV pool (DFlashPoolContext)
+    echo_budget = None  # budget cost: the CostModelBudget choosing each step's cap
 
     def draft(self, batch, *, with_topology: bool = False):
         if with_topology:
@@ -128,9 +134,10 @@ class EchoDraftWorker(EagleDraftWorker):
             frontier = EagleFrontierDrafter(self, forward_batch, draft_input, out_cache_loc)
         drafter = TimedDrafter(frontier, sync)
         roots = draft_input.bonus_tokens.reshape(bs).long()
+        st.cap = None if self.echo_budget is None else self.echo_budget.cap(bs)
         sync()
         t_build = time.perf_counter()
-        trees, state = build_trees(policy, drafter, roots)
+        trees, state = build_trees(policy, drafter, roots, k_max=st.cap)
         t_pack = time.perf_counter()  # control: [t_build, t_pack) minus propose, then packing
         st.sizes = trees.sizes.to(torch.int32)
         st.gate_evaluated, st.gate_passed = state.gate_evaluated, state.gate_passed
@@ -252,6 +259,8 @@ class EchoDraftWorker(EagleDraftWorker):
 class EchoWorker(EAGLEWorkerV2):
     """``EAGLEWorkerV2`` running ECHO (or any core policy), ragged or padded-dense verify."""
 
+    echo_budget = None  # budget cost: set by init_attention_backends (ragged or padded decides the cost)
+
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         if configured_drafter() == "dart":  # before the draft model is loaded
             from .dart import register_dart_model
@@ -304,9 +313,14 @@ class EchoWorker(EAGLEWorkerV2):
     def init_attention_backends(self):
         super().init_attention_backends()
         self.echo_verify = resolve_verify_mode(self.echo_cfg.verify, self.target_worker.model_runner.attn_backend)
+        ragged = self.echo_verify == "ragged"
+        self.echo_budget = make_step_budget(self.echo_cfg, self.echo_policy, None if ragged else self.echo_width)
+        if self.echo_budget is not None:  # the cost model needs true device times
+            self.echo_sync = timing_sync(self.device, force=True)
         if self._draft_worker is not None:
-            self._draft_worker.echo_ragged = self.echo_verify == "ragged"
-        log.info("ECHO worker: %s verify", self.echo_verify)
+            dw = self._draft_worker
+            dw.echo_ragged, dw.echo_budget, dw.echo_sync = ragged, self.echo_budget, self.echo_sync
+        log.info("ECHO worker: %s verify, %s budget", self.echo_verify, self.echo_cfg.budget)
 
     def forward_batch_generation(self, batch, *args, **kwargs):
         """EAGLEWorkerV2's step; decode steps are timed whole (``echo_step_seconds``)."""
@@ -320,6 +334,11 @@ class EchoWorker(EAGLEWorkerV2):
         if st is not None and st.timed:  # this step drafted (and verified) real trees
             st.timed = False
             self.echo_metrics.on_timing(control=st.control_s, draft=st.draft_s, verify=st.verify_s, step=step_s)
+            if self.echo_budget is not None:
+                self.echo_budget.observe_step(
+                    batch_size=st.sizes.numel(), target_tokens=st.forward_tokens, depths=st.depths,
+                    draft_forwards=st.draft_forwards, draft_s=st.draft_s + st.control_s, verify_s=st.verify_s,
+                    step_s=step_s)
         return result
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
@@ -333,6 +352,7 @@ class EchoWorker(EAGLEWorkerV2):
             result = self._verify(batch, pp_proxy_tensors, grammar_barrier)
         self.echo_sync()
         st.verify_s = time.perf_counter() - t0
+        st.forward_tokens = forward_tokens
         result.cap_lens = st.sizes
         self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st.sizes)
         self.echo_metrics.on_step(st, forward_tokens)
@@ -358,6 +378,8 @@ class EchoWorker(EAGLEWorkerV2):
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
         self.echo_metrics.on_accept(num_correct_drafts_per_req)
+        if self.echo_budget is not None:
+            self.echo_budget.observe_accept(num_correct_drafts_per_req)
         if self.echo_probe is not None:
             self.echo_probe.on_accept(num_correct_drafts_per_req)
 

@@ -59,13 +59,14 @@ def _calibration(tmp_path_factory, tiny_pair) -> Path:
                              thresholds=(0.03, 0.01))
 
 
-def run_policy(policy: str, tiny_pair, prompt_ids, reference, tmp_path_factory, *, sampled: bool = False):
-    env = {"SGLANG_ECHO_POLICY": policy, "SGLANG_ECHO_K_MAX": str(K_MAX)}
+def run_policy(policy: str, tiny_pair, prompt_ids, reference, tmp_path_factory, *, sampled: bool = False,
+               budget: str = "fixed"):
+    env = {"SGLANG_ECHO_POLICY": policy, "SGLANG_ECHO_K_MAX": str(K_MAX), "SGLANG_ECHO_BUDGET": budget}
     if policy in ("echo", "dense-gating", "fixed-threshold"):
         env["SGLANG_ECHO_CALIBRATION"] = str(_calibration(tmp_path_factory, tiny_pair))
     if policy == "fixed-threshold":
         env["SGLANG_ECHO_CONFIG"] = json.dumps({"fixed_tau": 0.02})
-    srv = start(tiny_pair[0], spec="echo", draft=tiny_pair[1], env=env, tag=f"echo-{policy}")
+    srv = start(tiny_pair[0], spec="echo", draft=tiny_pair[1], env=env, tag=f"echo-{policy}-{budget}")
     try:
         got = run_staggered(srv.base_url, prompt_ids)
         metrics = scrape(srv.base_url)
@@ -88,6 +89,8 @@ def run_policy(policy: str, tiny_pair, prompt_ids, reference, tmp_path_factory, 
     assert metrics["echo_budget_k_max"] == K_MAX
     steps, verified = metrics["echo_steps_total"], metrics["echo_verified_tokens_total"]
     assert steps > 0 and verified >= steps
+    caps = metrics["echo_budget_cap_tokens_total"]  # K_max every step, or the cost model's caps
+    assert caps == steps * K_MAX if budget == "fixed" else 0 < caps <= steps * K_MAX
     for g in got:
         hist = g.meta.get("spec_cap_lens_histogram") or []
         assert sum(hist) == g.meta["spec_verify_ct"] > 0  # cap_lens reported every step
@@ -106,6 +109,11 @@ def run_policy(policy: str, tiny_pair, prompt_ids, reference, tmp_path_factory, 
 
 def test_echo_greedy_lossless_budgeted_and_sampled(tiny_pair, prompt_ids, reference, tmp_path_factory):
     run_policy("echo", tiny_pair, prompt_ids, reference, tmp_path_factory, sampled=True)
+
+
+def test_echo_cost_budget_greedy_lossless(tiny_pair, prompt_ids, reference, tmp_path_factory):
+    """Per-step caps from the cost model (core.budget): smaller trees, the same tokens."""
+    run_policy("echo", tiny_pair, prompt_ids, reference, tmp_path_factory, budget="cost")
 
 
 @pytest.mark.parametrize("policy", ["chain", "static-tree"])

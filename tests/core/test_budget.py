@@ -1,0 +1,163 @@
+"""The cost-model budget: its fits, its decision, and the per-step cap it hands build_trees."""
+
+import pytest
+import torch
+
+from sglang_echo.core.budget import CostCurve, CostModelBudget, LineFit
+from sglang_echo.core.factory import PolicyConfig, make_policy
+from sglang_echo.core.policy import build_trees
+from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
+
+
+def test_line_fit_recovers_a_line_and_stays_flat_without_spread():
+    fit = LineFit(decay=0.99)
+    for x in range(1, 65):
+        fit.add(x, 0.05 + 0.002 * x)
+    assert fit.predict(32) == pytest.approx(0.114, rel=1e-6)
+    assert fit.predict(128) == pytest.approx(0.306, rel=1e-6)
+    flat = LineFit()
+    for _ in range(5):
+        flat.add(8, 0.1)
+    assert flat.predict(64) == pytest.approx(0.1)  # one x seen: no slope to extrapolate
+    down = LineFit()  # a (noisy) falling cost is never extrapolated below zero
+    for x, y in ((1, 1.0), (2, 0.5), (3, 0.0)):
+        down.add(x, y)
+    assert down.predict(100) >= 0.0
+    assert LineFit().predict(3) == 0.0
+
+
+def test_cost_curve_keeps_the_knee_a_line_would_miss():
+    """Eq. 2's shape: flat up to 8 tokens, then 2 ms per token."""
+    cost = lambda n: 0.06 + 0.002 * max(n - 8, 0)  # noqa: E731
+    curve, line = CostCurve(), LineFit()
+    for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) * 3:
+        curve.add(n, cost(n))
+        line.add(n, cost(n))
+    assert curve.predict(1) == pytest.approx(0.06) and curve.predict(5) == pytest.approx(0.06)
+    assert curve.predict(40) == pytest.approx(cost(40), rel=0.02)
+    # a line charges the flat part's drafts their slope: 4 more tokens at batch 1 look 10% dearer
+    assert line.predict(5) - line.predict(1) > 0.005 > abs(curve.predict(5) - curve.predict(1))
+    assert curve.predict(128) == pytest.approx(curve.predict(64) + 64 * line.slope())  # past the data: the slope
+    noisy = CostCurve()  # a cheaper large batch (noise) never makes the curve fall
+    for n, y in ((4, 0.10), (16, 0.08), (64, 0.2)):
+        noisy.add(n, y)
+    assert noisy.predict(16) >= noisy.predict(4)
+    assert CostCurve().predict(7) == 0.0
+
+
+def feed(budget: CostModelBudget, *, steps: int, B: int, depth: int, accept: list[float], verify, draft_per_depth: float,
+         rest: float = 0.0) -> None:
+    """Steps of B requests drafted to ``depth``: request i accepts its first d drafts for the
+    first ``accept[d-1]`` share of the batch (so a_d = accept[d-1])."""
+    for _ in range(steps):
+        K = B * (1 + depth)
+        v, dr = verify(K), depth * draft_per_depth
+        budget.observe_step(batch_size=B, target_tokens=K, depths=torch.full((B,), depth), draft_forwards=depth,
+                            draft_s=dr, verify_s=v, step_s=v + dr + rest)
+        acc = [sum(1 for a in accept[:depth] if i < a * B) for i in range(B)]
+        budget.observe_accept(acc)
+
+
+def test_compute_bound_verify_turns_speculation_off_at_high_load_only():
+    """A CPU-like cost: every verified token costs (a + b K); drafting costs a forward per depth."""
+    budget = CostModelBudget(k_max=64, max_depth=4, warmup=4, explore_every=1000, decay=0.99)
+    verify = lambda K: 0.06 + 0.002 * K  # noqa: E731
+    accept = [0.5, 0.3, 0.2, 0.1]
+    for B in (1, 2, 4, 8, 16, 32):  # varied loads, so the draft cost is seen as a line in B
+        feed(budget, steps=8, B=B, depth=2, accept=accept, verify=verify, draft_per_depth=0.006 + 0.0005 * B)
+    rates = budget.accept_rates()
+    assert rates[0] == pytest.approx(0.5, abs=0.05) and rates[1] == pytest.approx(0.3, abs=0.05)
+    assert rates[2] == 0.0  # no tree reached depth 3: no evidence, no credit
+
+    # B = 1: a draft costs 2 ms of verify and 6.5 ms of drafting on a 62 ms step, and a_1 = 0.5:
+    # 1.5 tokens / 70.5 ms > 1 / 62 ms, so the cap allows drafts ...
+    assert budget.cap(1) == 1 + budget.best_depth(1) > 1  # 2 ms a token: no verify time to spare
+    # ... B = 32: 32 more verified tokens (+64 ms) and a 22 ms draft forward buy 16 tokens on a
+    # 124 ms step: 48 / 210 ms < 32 / 124 ms, so the step is plain decoding.
+    assert budget.best_depth(32) == 0 and budget.cap(32) == 32
+    ar = budget.expected_rate(32, 0)
+    assert ar == pytest.approx(32 / verify(32), rel=0.02)
+    assert all(budget.expected_rate(32, d) < ar for d in (1, 2, 3, 4))
+
+
+def test_flat_verify_cost_spends_the_whole_budget():
+    """A GPU-like cost (verify flat in K up to far past K_max): deep trees pay, K_max binds."""
+    budget = CostModelBudget(k_max=64, max_depth=4, warmup=0, explore_every=1000)
+    for B, depth in ((4, 4), (8, 4), (16, 3), (8, 1)):
+        feed(budget, steps=6, B=B, depth=depth, accept=[0.8, 0.6, 0.45, 0.3], verify=lambda K: 0.02,
+             draft_per_depth=0.001)
+    assert budget.best_depth(8) == 4
+    assert budget.cap(8) == 64 and budget.cap(32) == 64  # flat verify: every token up to K_max is free
+
+
+def test_tokens_below_the_knee_are_free():
+    """Verify flat up to 16 tokens, then 2 ms each: batch 2 drafts to D*, then fills up to the knee."""
+    budget = CostModelBudget(k_max=64, max_depth=4, warmup=0, explore_every=1000)
+    verify = lambda K: 0.06 + 0.002 * max(K - 16, 0)  # noqa: E731
+    for B, depth in ((1, 1), (2, 2), (4, 3), (8, 4), (16, 2), (24, 1), (32, 1)):
+        feed(budget, steps=6, B=B, depth=depth, accept=[0.5, 0.3, 0.15, 0.05], verify=verify, draft_per_depth=0.01)
+    d = budget.best_depth(2)
+    assert 1 <= d < 4 and 2 * (1 + d) < budget.cap(2) <= 16 + 1  # 2% of a ~80 ms step buys < 1 token past 16
+
+
+def test_warmup_and_exploration_use_the_full_k_max():
+    budget = CostModelBudget(k_max=48, max_depth=3, warmup=3, explore_every=4)
+    assert [budget.cap(16) for _ in range(3)] == [48, 48, 48]  # nothing measured yet
+    feed(budget, steps=3, B=16, depth=1, accept=[0.05], verify=lambda K: 0.05 + 0.01 * K, draft_per_depth=0.05)
+    caps = [budget.cap(16) for _ in range(8)]  # calls 4..11: every 4th explores
+    assert caps == [48, 16, 16, 16, 48, 16, 16, 16]
+
+
+def test_accepts_are_matched_to_their_steps_in_order():
+    """Overlap scheduling reports a step's acceptance after the next step was drafted."""
+    budget = CostModelBudget(k_max=64, max_depth=2, decay=1.0)
+    kw = dict(target_tokens=6, draft_forwards=2, draft_s=0.01, verify_s=0.05, step_s=0.07)
+    budget.observe_step(batch_size=2, depths=torch.tensor([2, 2]), **kw)
+    budget.observe_step(batch_size=3, depths=torch.tensor([1, 0, 2]), **kw)
+    budget.observe_accept([2, 1])  # step 1
+    budget.observe_accept([0, 0, 2])  # step 2
+    assert budget.reached.tolist() == [4.0, 3.0] and budget.accepted.tolist() == [3.0, 2.0]
+    budget.observe_accept([1, 1])  # no step left to match: ignored
+    budget.observe_step(batch_size=2, depths=torch.tensor([1, 1]), **kw)
+    budget.observe_accept([1, 1, 1])  # a different batch: ignored
+    assert budget.reached.tolist() == [4.0, 3.0]
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="k_max"):
+        CostModelBudget(k_max=0, max_depth=4)
+    with pytest.raises(ValueError, match="explore_every"):
+        CostModelBudget(k_max=8, max_depth=4, explore_every=1)
+
+
+def drafter(B: int) -> SyntheticDrafter:
+    return SyntheticDrafter(SyntheticWorld(B, vocab=50, seed=1))
+
+
+class _MustNotDraft:
+    def propose(self, frontier, k):
+        raise AssertionError("a zero draft budget must not call the drafter")
+
+
+@pytest.mark.parametrize("name", ["echo", "dense-gating", "budgeted-chain"])
+def test_build_trees_honours_a_per_step_cap(name):
+    B = 6
+    cfg = PolicyConfig(k_max=40, max_depth=5, w_def=1, w_max=3, topk=3, total_tokens=16)
+    policy = make_policy(name, cfg)
+    roots = torch.arange(B) + 3
+    trees, _ = build_trees(policy, _MustNotDraft(), roots, k_max=B)  # plain decoding
+    assert trees.sizes.tolist() == [1] * B
+    full, _ = build_trees(policy, drafter(B), roots)
+    capped, _ = build_trees(policy, drafter(B), roots, k_max=B + 5)
+    assert int(capped.sizes.sum()) <= B + 5 < int(full.sizes.sum()) <= 40
+    wide, _ = build_trees(policy, drafter(B), roots, k_max=1000)  # never raises the cap
+    assert wide.sizes.tolist() == full.sizes.tolist()
+
+
+def test_unbudgeted_policies_ignore_the_cap():
+    cfg = PolicyConfig(k_max=40, max_depth=3, w_def=1, w_max=3, topk=3, total_tokens=10)
+    policy = make_policy("chain", cfg)
+    roots = torch.arange(4)
+    a, _ = build_trees(policy, drafter(4), roots)
+    b, _ = build_trees(policy, drafter(4), roots, k_max=4)
+    assert a.sizes.tolist() == b.sizes.tolist() == [4] * 4
