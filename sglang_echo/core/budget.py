@@ -20,10 +20,9 @@ works at every load: the one that pays at batch 1 makes batch 32 slower than pla
 
 Each cost is a measured curve (:class:`CostCurve`: exponentially weighted means per half-octave
 of its size, so Eq. 2's flat-then-linear shape is kept), and ``a_d`` decays too, so the model
-follows the load and the workload. ``D* = 0``
-is plain decoding: no draft tokens, so ECHO's loop drafts nothing. Inside ``K_step`` the
-allocation is still Algorithm 1's (confident requests first), so the uniform-depth estimate errs
-on the cautious side. Until ``warmup`` speculative steps have been seen, and on every
+follows the load and the workload. ``D* = 0`` is plain decoding: no draft tokens, so ECHO's loop
+drafts nothing. Inside ``K_step`` the allocation is still Algorithm 1's (confident requests
+first), so the uniform-depth estimate errs on the cautious side. Until ``warmup`` speculative steps have been seen, and on every
 ``explore_every``-th step after, the step gets the full ``K_max``, so ``a_d`` and ``t_draft``
 keep being measured at the current load even while the model says not to speculate.
 """
@@ -55,10 +54,6 @@ class LineFit:
         for i, v in enumerate((1.0, x, y, x * x, x * y)):
             s[i] = g * s[i] + v
 
-    @property
-    def weight(self) -> float:
-        return self._s[0]
-
     def slope(self) -> float:
         w, sx, sy, sxx, sxy = self._s
         if w <= 0:
@@ -74,7 +69,7 @@ class LineFit:
         slope = self.slope()
         intercept = sy / w - slope * sx / w
         if intercept < 0:  # costs cannot be negative at x = 0: refit through the origin
-            return max(sxy / sxx, 0.0) * x if sxx > 0 else my
+            return max(sxy / sxx, 0.0) * x if sxx > 0 else sy / w
         return intercept + slope * x
 
 
@@ -90,19 +85,27 @@ class CostCurve:
         self.decay = decay
         self.line = LineFit(decay)
         self._buckets: dict[int, list[float]] = {}  # round(2 log2 x) -> [w, wx, wy]
+        self._joined: Optional[tuple[list[float], list[float], float]] = None  # (xs, ys, slope) until add
 
     def add(self, x: float, y: float) -> None:
         self.line.add(x, y)
         b = self._buckets.setdefault(round(2 * math.log2(max(x, 1.0))), [0.0, 0.0, 0.0])
         for i, v in enumerate((1.0, x, y)):
             b[i] = self.decay * b[i] + v
+        self._joined = None
+
+    def _points(self) -> tuple[list[float], list[float], float]:
+        """The joined curve, rebuilt only after an add (a step's cap queries it many times)."""
+        if self._joined is None:
+            pts = sorted((wx / w, wy / w) for w, wx, wy in self._buckets.values())
+            ys = list(itertools.accumulate((p[1] for p in pts), max))
+            self._joined = ([p[0] for p in pts], ys, self.line.slope())
+        return self._joined
 
     def predict(self, x: float) -> float:
-        pts = sorted((wx / w, wy / w) for w, wx, wy in self._buckets.values())
-        if not pts:
+        xs, ys, slope = self._points()
+        if not xs:
             return 0.0
-        xs, ys = [p[0] for p in pts], list(itertools.accumulate((p[1] for p in pts), max))
-        slope = self.line.slope()
         if x <= xs[0]:
             return max(ys[0] - slope * (xs[0] - x), 0.0)
         if x >= xs[-1]:

@@ -163,7 +163,7 @@ class EchoMetrics:
 
     def on_step(self, st, target_tokens: int) -> None:
         total = int(st.sizes.sum())
-        cap = st.cap if getattr(st, "cap", None) is not None else self.cfg.k_max
+        cap = self.cfg.k_max if st.cap is None else st.cap
         self.totals["verified"] += total
         self.totals["cap"] += cap
         self.totals["target"] += target_tokens
