@@ -7,6 +7,8 @@ sglang's own ``spec_cap_length`` / ``spec_cap_lens_histogram`` come from ``cap_l
 * ``echo_verified_tokens_total``: sum of K_i (roots included) over all steps;
 * ``echo_target_tokens_total``: tokens the target's verify forwards computed (sum of K_i with
   ragged verify, batch size x W padded);
+* ``echo_verify_slots_total``: slots the steps laid out for sglang's verify and draft extend
+  (batch size x the step's width: ``W``, or ``max K_i`` with the per-step width);
 * ``echo_accepted_tokens_total``: accepted tokens incl. the bonus token;
 * ``echo_steps_total``: verify steps;
 * ``echo_gate_evaluated_total{depth}`` / ``echo_gate_passed_total{depth}``;
@@ -125,7 +127,7 @@ class EchoMetrics:
         self.cfg = cfg
         self.enabled = enabled
         self.step_max = 0
-        self.totals = {"verified": 0, "target": 0, "accepted": 0, "steps": 0, "exceeded": 0, "cap": 0,
+        self.totals = {"verified": 0, "target": 0, "slots": 0, "accepted": 0, "steps": 0, "exceeded": 0, "cap": 0,
                        "timed_steps": 0, **{f"{k}_seconds": 0.0 for k in TIMERS}}
         self.request_depth = _env_flag(DEPTH_ENV, True)
         self._m = None
@@ -143,6 +145,7 @@ class EchoMetrics:
         self._m = {
             "verified": Counter("echo_verified_tokens", "Tokens submitted to verification (sum of K_i, roots included)"),
             "target": Counter("echo_target_tokens", "Tokens computed by the target's verify forwards (padding included)"),
+            "slots": Counter("echo_verify_slots", "Verify slots laid out (batch size x the step's padded width)"),
             "accepted": Counter("echo_accepted_tokens", "Tokens accepted by verification (incl. bonus)"),
             "steps": Counter("echo_steps", "ECHO verify steps"),
             "exceeded": Counter("echo_budget_exceeded", "Steps whose sum of K_i exceeded max(K_max, bs)"),
@@ -164,7 +167,9 @@ class EchoMetrics:
     def on_step(self, st, target_tokens: int) -> None:
         total = int(st.sizes.sum())
         cap = self.cfg.k_max if st.cap is None else st.cap
+        slots = int(st.sizes.numel()) * st.width
         self.totals["verified"] += total
+        self.totals["slots"] += slots
         self.totals["cap"] += cap
         self.totals["target"] += target_tokens
         self.totals["steps"] += 1
@@ -173,6 +178,7 @@ class EchoMetrics:
             return
         self._m["verified"].inc(total)
         self._m["target"].inc(target_tokens)
+        self._m["slots"].inc(slots)
         self._m["steps"].inc()
         self._m["cap"].inc(cap)
         self._m["step_max"].set(self.step_max)

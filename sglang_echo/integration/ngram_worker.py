@@ -147,6 +147,7 @@ class NgramStep:
     pool: NodePool | None = None  # every drafted candidate (the calibration probe reads it)
     depths: torch.Tensor | None = None  # [bs] deepest node of each request's tree
     cap: int | None = None  # this step's verification cap (None: the configured K_max)
+    width: int = 0  # the padded verify width W the step was laid out in
     control_s: float = 0.0  # build_trees minus the drafters' propose, plus packing (see .metrics)
     propose_s: float = 0.0  # inside the drafters' propose (n-gram lookups)
     draft_s: float = 0.0  # set by the worker: its drafting phase minus control_s
@@ -168,7 +169,7 @@ def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Te
     mask = dense.tree_mask.reshape(-1).numpy()
     step.propose_s = drafter.seconds
     step.control_s = time.perf_counter() - t0 - drafter.seconds
-    step.depths, step.cap = trees.max_depth(), k_max
+    step.depths, step.cap, step.width = trees.max_depth(), k_max, width
     return tokens, mask, step
 
 

@@ -17,6 +17,10 @@
   acceptance and KV commit still see the padded layout.
 * ``budget: cost`` (:mod:`sglang_echo.core.budget`): each step's cap comes from a cost model fed
   with the step's timing and acceptance, down to plain decoding where drafting does not pay.
+* Per-step width (ragged verify without CUDA graphs): the step is laid out ``W_s = max K_i``
+  wide instead of ``W`` (:meth:`EchoDraftWorker.step_width`), for verify, acceptance and the
+  draft extend alike, so a step without drafts costs about a plain decode step: ``B x 1``
+  verify slots and a ``B``-token draft extend instead of ``B x W`` of each.
 * Timing (:mod:`.metrics`): ``draft()`` splits its wall time into control (``build_trees``
   minus the drafter's ``propose``, plus packing) and drafting, ``verify()`` times the verify
   pass, :meth:`EchoWorker.forward_batch_generation` the whole decode step.
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Optional
 
 import torch
@@ -74,6 +78,7 @@ class EchoStepState:
         self.draft_forwards = 0
         self.depths: Optional[torch.Tensor] = None  # [bs] deepest node of each request's tree
         self.cap: Optional[int] = None  # this step's verification cap (None: the configured K_max)
+        self.width = 0  # this step's padded verify width (W, or W_s = max K_i: see step_width)
         self.forward_tokens = 0  # tokens the target's verify forward computed
         # Wall seconds (see .metrics): set by draft() / verify(), read once by the step.
         self.timed = False
@@ -98,13 +103,34 @@ class EchoDraftWorker(EagleDraftWorker):
     echo_drafter: str = "eagle3"
     echo_dflash = None  # drafter dflash: the head and its context in the draft KV pool (DFlashPoolContext)
     echo_budget = None  # budget cost: the CostModelBudget choosing each step's cap
+    echo_step_width = False  # lay each step out max K_i wide (set by EchoWorker.init_cuda_graphs)
+
+    def step_width(self, sizes: torch.Tensor) -> int:
+        """This step's padded verify width: ``W``, or ``W_s = max K_i`` where every stage sizes
+        itself from the step (no CUDA graph captured for ``W``; ragged verify).
+
+        sglang's V2 step reads the width from the verify input (``draft_token_num``: the verify
+        slots, and ``EchoWorker._verify`` passes it on to acceptance and the result's output
+        stride, which the scheduler reads) and from ``speculative_num_draft_tokens`` (the draft
+        extend, set per step by :meth:`width_for`), as sglang's adaptive steps=0 path does for its
+        one-token verify."""
+        return max(1, int(sizes.max())) if self.echo_step_width and sizes.numel() else self.echo_width
+
+    @contextmanager
+    def width_for(self, width: int):
+        """``speculative_num_draft_tokens = width`` for the step's draft extend."""
+        saved, self.speculative_num_draft_tokens = self.speculative_num_draft_tokens, width
+        try:
+            yield
+        finally:
+            self.speculative_num_draft_tokens = saved
 
     def draft(self, batch, *, with_topology: bool = False):
         if with_topology:
             raise NotImplementedError("ECHO does not support pipeline parallelism (pp_size > 1)")
         t_entry = time.perf_counter()
         sync = self.echo_sync
-        steps, W = self.speculative_num_steps, self.echo_width
+        steps, W = self.speculative_num_steps, self.echo_width  # W: the widest layout (prepare, idle)
         draft_input = batch.spec_info
         forward_batch, _graph, kv_loc_plan = prepare_for_draft(
             draft_input, self.req_to_token_pool, batch, None, self.draft_runner, self.topk, steps,
@@ -140,6 +166,7 @@ class EchoDraftWorker(EagleDraftWorker):
         trees, state = build_trees(policy, drafter, roots, k_max=st.cap)
         t_pack = time.perf_counter()  # control: [t_build, t_pack) minus propose, then packing
         st.sizes = trees.sizes.to(torch.int32)
+        st.width = width = self.step_width(st.sizes)
         st.gate_evaluated, st.gate_passed = state.gate_evaluated, state.gate_passed
         st.draft_forwards = drafter.forwards
 
@@ -147,7 +174,7 @@ class EchoDraftWorker(EagleDraftWorker):
         mode = self.tree_mask_mode if verify_mask is None else verify_mask.mode
         if mode not in (TreeMaskMode.QLEN_ONLY, TreeMaskMode.FULL_MASK):
             raise NotImplementedError(f"ECHO: tree mask mode {mode} is not supported yet")
-        dense = to_sglang_dense(trees, batch.seq_lens, W, full_mask=mode == TreeMaskMode.FULL_MASK)
+        dense = to_sglang_dense(trees, batch.seq_lens, width, full_mask=mode == TreeMaskMode.FULL_MASK)
         custom_mask = dense.custom_mask
         if verify_mask is not None and verify_mask.fits(bs):
             if mode != TreeMaskMode.QLEN_ONLY:
@@ -163,9 +190,9 @@ class EchoDraftWorker(EagleDraftWorker):
             retrieve_next_token=dense.retrieve_next_token,
             retrieve_next_sibling=dense.retrieve_next_sibling,
             retrieve_cum_len=None,
-            spec_steps=steps,
+            spec_steps=min(steps, width - 1),  # a tree of K nodes is at most K - 1 deep
             topk=self.topk,
-            draft_token_num=W,
+            draft_token_num=width,
             capture_hidden_mode=None,
             seq_lens_sum=None,
             seq_lens_cpu=None,
@@ -173,7 +200,7 @@ class EchoDraftWorker(EagleDraftWorker):
         if kv_loc_plan is not None:
             verify_input.kv_loc_plan = kv_loc_plan
             verify_input.prepared_out_cache_loc = kv_loc_plan.write_virtual
-        if self.echo_ragged:
+        if self.echo_ragged and int(st.sizes.min()) < width:  # all K_i == W_s: dense is ragged
             setattr(verify_input, MARK, st.sizes)
         sync()
         t_end = time.perf_counter()
@@ -238,8 +265,12 @@ class EchoDraftWorker(EagleDraftWorker):
         return self._dflash_draft_input(next_token_ids)
 
     def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
-        if self.echo_dflash is None:
-            return super()._draft_extend_for_decode(batch, batch_result, kv_loc_plan=kv_loc_plan)
+        with self.width_for(batch_result.speculative_num_draft_tokens or self.speculative_num_draft_tokens):
+            if self.echo_dflash is None:
+                return super()._draft_extend_for_decode(batch, batch_result, kv_loc_plan=kv_loc_plan)
+            return self._dflash_extend_for_decode(batch, batch_result, kv_loc_plan)
+
+    def _dflash_extend_for_decode(self, batch, batch_result, kv_loc_plan):
         nxt = batch_result.next_draft_input
         if not batch.forward_mode.is_idle():
             # The root and accepted drafts (accept_lens of them), moved with their features to the
@@ -322,6 +353,15 @@ class EchoWorker(EAGLEWorkerV2):
             dw.echo_ragged, dw.echo_budget, dw.echo_sync = ragged, self.echo_budget, self.echo_sync
         log.info("ECHO worker: %s verify, %s budget", self.echo_verify, self.echo_cfg.budget)
 
+    def init_cuda_graphs(self):
+        super().init_cuda_graphs()
+        dw = self._draft_worker
+        if dw is not None:  # a graph captured for W replays W-wide steps only
+            dw.echo_step_width = (self.echo_verify == "ragged"
+                                  and self.target_worker.model_runner.decode_cuda_graph_runner is None
+                                  and dw.cuda_graph_runner_for_draft_extend is None)
+            log.info("ECHO worker: verify width %s", "per step (max K_i)" if dw.echo_step_width else f"{self.echo_width}")
+
     def forward_batch_generation(self, batch, *args, **kwargs):
         """EAGLEWorkerV2's step; decode steps are timed whole (``echo_step_seconds``)."""
         if batch.forward_mode.is_extend() or getattr(batch, "is_extend_in_batch", False) or batch.forward_mode.is_idle():
@@ -345,7 +385,7 @@ class EchoWorker(EAGLEWorkerV2):
         st = getattr(self._draft_worker, "echo_step", None)
         if batch.forward_mode.is_idle() or st is None or st.sizes is None:
             return self._verify(batch, pp_proxy_tensors, grammar_barrier)
-        forward_tokens = target_tokens(self.echo_verify, st.sizes, self.echo_width)
+        forward_tokens = target_tokens(self.echo_verify, st.sizes, st.width)
         timing = nullcontext() if self.echo_probe is None else self.echo_probe.timed_verify(forward_tokens)
         t0 = time.perf_counter()
         with timing:
@@ -359,6 +399,7 @@ class EchoWorker(EAGLEWorkerV2):
         return result
 
     def _verify(self, batch, pp_proxy_tensors, grammar_barrier):
+        width = batch.spec_info.draft_token_num  # W, or this step's W_s (EchoDraftWorker.step_width)
         return run_eagle_verify(
             batch,
             pp_proxy_tensors=pp_proxy_tensors,
@@ -368,10 +409,10 @@ class EchoWorker(EAGLEWorkerV2):
             plan_stream=self.plan_stream,
             plan_stream_ctx=self.plan_stream_ctx,
             topk=max(2, self.topk),  # >= 2: branched accepted paths get compacted to the front
-            num_draft_tokens=self.speculative_num_draft_tokens,
+            num_draft_tokens=width,
             device=self.device,
             metadata_ready_pre_pad=False,
-            finalize_tree_path=True,
+            finalize_tree_path=width > 1,  # compacts accepted branches to the front: nothing to move at W_s = 1
             grammar_barrier=grammar_barrier,
         )
 

@@ -95,6 +95,11 @@ def run_policy(policy: str, tiny_pair, prompt_ids, reference, tmp_path_factory, 
         hist = g.meta.get("spec_cap_lens_histogram") or []
         assert sum(hist) == g.meta["spec_verify_ct"] > 0  # cap_lens reported every step
         assert len(hist) <= W + 1  # K_i <= W
+    # Verify slots: batch x the step's width, here (ragged, no CUDA graphs) max K_i, not W.
+    slots = metrics["echo_verify_slots_total"]
+    assert verified <= slots <= W * verified
+    if policy == "ar":  # no drafts: one slot per request and step as in plain decoding, not W
+        assert slots == verified
     if policy in ("echo", "budgeted-chain", "dense-gating", "fixed-threshold"):  # budgeted policies
         assert metrics["echo_step_verified_tokens_max"] <= max(K_MAX, WORKERS)
     if policy in ("echo", "dense-gating", "fixed-threshold"):
