@@ -20,7 +20,9 @@ mask elsewhere), ``eagle_sample`` accepts, and the accepted KV is moved to the f
 additions: ragged verify (the verify input is marked with ``K_i`` so the target forward skips the
 padding, :mod:`.ragged`), ``cap_lens = K_i`` on the result (sglang's ``spec_cap_length`` /
 histogram), the ``echo_*`` metrics (step timing: control = ``build_trees`` minus the n-gram
-lookups plus packing, see :mod:`.metrics`) and the per-request ``echo_tree_depth``.
+lookups plus packing, see :mod:`.metrics`) and the per-request ``echo_tree_depth``. With ragged
+verify and no CUDA graph or overlap relay pinning ``W``, the trees are drafted before NGRAM's
+prepare and the step is laid out ``max K_i`` wide (:meth:`EchoNgramWorker._set_width`).
 
 The corpus is not built (no C++ JIT, no shared corpus): ``ngram_corpus`` is a
 :class:`RequestDrafters`, which implements the three corpus calls NGRAM's generic code still
@@ -155,14 +157,17 @@ class NgramStep:
 
 
 def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Tensor, width: int,
-                       k_max: int | None = None):
+                       k_max: int | None = None, per_step_width: bool = False):
     """ECHO trees over n-gram drafters, in NGRAM's layout: ``(tokens [bs*W] int64, mask [bs*W*W]
     bool, step)`` (host numpy arrays, as NGRAM's corpus returns them). ``step.control_s`` is the
     wall time of all this minus the drafters' ``propose`` (host work: no device sync needed).
-    ``k_max``: this step's cap, when the cost-model budget set one."""
+    ``k_max``: this step's cap, when the cost-model budget set one. ``per_step_width``: lay the
+    step out ``W_s = max K_i`` wide instead of ``width`` (``step.width`` says which)."""
     t0 = time.perf_counter()
     drafter = TimedDrafter(BatchDrafter(drafters))
     trees, state = build_trees(policy, drafter, roots, k_max=k_max)
+    if per_step_width:
+        width = max(1, int(trees.sizes.max()))
     dense = to_sglang_dense(trees, torch.zeros_like(roots), width)  # positions: NGRAM rebuilds them
     step = NgramStep(dense.sizes, state.gate_evaluated, state.gate_passed, drafter.forwards, state.pool)
     tokens = dense.draft_token.to(torch.int64).numpy()
@@ -171,6 +176,19 @@ def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Te
     step.control_s = time.perf_counter() - t0 - drafter.seconds
     step.depths, step.cap, step.width = trees.max_depth(), k_max, width
     return tokens, mask, step
+
+
+class _WidthViews:
+    """NGRAM's per-batch-size buffer views (``self.<name>_batch[bs]``) for a width other than the
+    one its buffers were allocated for: the first ``bs * per_request`` elements, ``[bs, *shape]``."""
+
+    def __init__(self, buffer: torch.Tensor, shape: tuple[int, ...], per_request: int | None = None) -> None:
+        self.flat, self.shape = buffer.view(-1), shape
+        self.per_request = per_request if per_request is not None else int(np.prod(shape))
+
+    def __getitem__(self, bs: int) -> torch.Tensor:
+        view = self.flat[: bs * self.per_request]
+        return view.view(bs, *self.shape) if self.shape else view
 
 
 # -- the worker ----------------------------------------------------------------------------------
@@ -249,6 +267,8 @@ def _define_worker():
             self.echo_sync = timing_sync(self.device)
             self.echo_verify = "padded"  # until init_attention_backends: the target's backend decides
             self.echo_budget = None  # budget cost: set with the verify mode
+            self.echo_step_width = False  # lay each step out max K_i wide (set by init_cuda_graphs)
+            self._echo_drafts = None  # this step's (tokens, mask), drafted before NGRAM's prepare
             log.info("ECHO ngram worker: policy %s (%s), W=%d, no draft model",
                      self.echo_policy.name, cfg.describe(), self.echo_width)
 
@@ -261,8 +281,35 @@ def _define_worker():
                 self.echo_sync = timing_sync(self.device, force=True)
             log.info("ECHO ngram worker: %s verify, %s budget", self.echo_verify, self.echo_cfg.budget)
 
+        def init_cuda_graphs(self):
+            super().init_cuda_graphs()
+            # As EchoWorker's: a captured W-wide verify graph (or the overlap relay's W-strided
+            # accepted tokens) pins the width; otherwise every step is max K_i wide.
+            self.echo_step_width = (self.echo_verify == "ragged" and not self.enable_overlap
+                                    and self.model_runner.decode_cuda_graph_runner is None)
+            log.info("ECHO ngram worker: verify width %s",
+                     "per step (max K_i)" if self.echo_step_width else f"{self.echo_width}")
+
+        def _set_width(self, width: int) -> None:
+            """NGRAM's step reads its width from ``draft_token_num`` (verify slots, acceptance,
+            its per-batch-size buffer views) and ``speculative_num_draft_tokens`` (the result's
+            output stride, which the scheduler reads): both follow the step's width."""
+            if width == self.draft_token_num:
+                return
+            self.draft_token_num = self.speculative_num_draft_tokens = width
+            self.retrieve_indexes_batch = _WidthViews(self.retrieve_indexes, (width,))
+            self.retrieve_next_token_batch = _WidthViews(self.retrieve_next_token, (width,))
+            self.retrieve_next_sibling_batch = _WidthViews(self.retrieve_next_sibling, (width,))
+            self.positions_batch = _WidthViews(self.positions, (), width)
+            self.draft_tokens_batch = _WidthViews(self.draft_tokens, (), width)
+            self.tree_mask_batch = _WidthViews(self.tree_mask, (), width * width)
+
         # -- the one real override: where the trees come from -------------------------------------
         def _prepare_draft_tokens(self, batch) -> tuple[np.ndarray, np.ndarray]:
+            drafts, self._echo_drafts = self._echo_drafts, None
+            return drafts if drafts is not None else self._draft(batch)
+
+        def _draft(self, batch) -> tuple[np.ndarray, np.ndarray]:
             t0 = time.perf_counter()
             bs, stride = len(batch.reqs), self.draft_token_num
             # As NGRAM: under overlap scheduling output_ids lags one step behind; the accepted tokens
@@ -281,7 +328,8 @@ def _define_worker():
                 roots.append(hist[-1])  # the last committed token: its KV is written by this verify
             cap = None if self.echo_budget is None else self.echo_budget.cap(bs)
             tokens, mask, step = build_ngram_drafts(
-                self.echo_policy, drafters, torch.tensor(roots, dtype=torch.int64), self.echo_width, k_max=cap)
+                self.echo_policy, drafters, torch.tensor(roots, dtype=torch.int64), self.echo_width, k_max=cap,
+                per_step_width=self.echo_step_width)
             step.draft_s = time.perf_counter() - t0 - step.control_s  # catch-up + lookups
             self._echo_step = step
             self.echo_metrics.on_tree_depths(batch.reqs, step.depths)
@@ -292,9 +340,13 @@ def _define_worker():
             return tokens, mask
 
         def _prepare_for_speculative_decoding(self, batch) -> None:
+            if self.echo_step_width:  # the trees decide the width NGRAM's prepare lays out
+                self._echo_drafts = self._draft(batch) if batch.forward_mode.is_decode() else None
+                self._set_width(self._echo_step.width if self._echo_drafts is not None else self.echo_width)
             super()._prepare_for_speculative_decoding(batch)
             step = self._echo_step
-            if self.echo_verify == "ragged" and step is not None and batch.forward_mode.is_target_verify():
+            if (self.echo_verify == "ragged" and step is not None and batch.forward_mode.is_target_verify()
+                    and int(step.sizes.min()) < step.width):  # all K_i == W_s: dense is ragged
                 setattr(batch.spec_info, MARK, step.sizes.to(self.device))  # see .ragged
 
         def _update_ngram_corpus(self, batch) -> None:
@@ -312,7 +364,7 @@ def _define_worker():
                 # verify: NGRAM's tree reconstruction, target verify, accept and KV move.
                 self.echo_metrics.on_timing(control=st.control_s, draft=st.draft_s,
                                             verify=step_s - st.prepare_s, step=step_s)
-                forward_tokens = target_tokens(self.echo_verify, st.sizes, self.echo_width)
+                forward_tokens = target_tokens(self.echo_verify, st.sizes, st.width)
                 if self.echo_probe is not None:  # the verify pass is the step minus its drafting
                     self.echo_probe.on_verify(forward_tokens,
                                               time.perf_counter() - t0 - self._echo_draft_s)

@@ -35,6 +35,7 @@ from sglang_echo.integration.config import load_config, make_echo_policy
 from sglang_echo.integration.ngram_worker import (
     History,
     RequestDrafters,
+    _WidthViews,
     build_ngram_drafts,
 )
 from sglang_echo.serve.client import Generation
@@ -109,6 +110,27 @@ def test_trees_in_ngram_layout(policy):
         assert sizes[0] > 1 and sizes[2] > 1
     if pol.budgeted:
         assert sum(sizes) <= max(12, B)
+
+
+@pytest.mark.parametrize("policy", ["echo", "ar"])
+def test_per_step_width_keeps_the_trees_and_drops_the_padding(policy):
+    """``per_step_width``: the same trees, laid out ``max K_i`` wide (``ar``: one slot each), and
+    NGRAM's buffer views follow that width."""
+    pol, W = _policy(policy)
+    rd = RequestDrafters()
+    hists = [History([1, 2, 3, 4, 1, 2, 3, 5, 1, 2], [3]), History([7, 8, 9], [7]), History([4] * 12, [4])]
+    roots = torch.tensor([h[-1] for h in hists])
+    wide = build_ngram_drafts(pol, [rd.sync(f"w{i}", h) for i, h in enumerate(hists)], roots, W)
+    tokens, mask, step = build_ngram_drafts(pol, [rd.sync(f"n{i}", h) for i, h in enumerate(hists)], roots, W,
+                                            per_step_width=True)
+    B, Ws = len(hists), int(step.sizes.max())
+    assert step.width == Ws and wide[2].width == W and step.sizes.tolist() == wide[2].sizes.tolist()
+    assert Ws == 1 if policy == "ar" else 1 < Ws < W
+    assert (tokens.reshape(B, Ws) == wide[0].reshape(B, W)[:, :Ws]).all()
+    assert (mask.reshape(B, Ws, Ws) == wide[1].reshape(B, W, W)[:, :Ws, :Ws]).all()
+    links, mask_buf = torch.arange(4 * W).view(4, W), torch.arange(4 * W * W)  # NGRAM's [max_bs, W], [max_bs*W*W]
+    assert _WidthViews(links, (Ws,))[3].tolist() == torch.arange(3 * Ws).view(3, Ws).tolist()
+    assert _WidthViews(mask_buf, (), Ws * Ws)[2].tolist() == list(range(2 * Ws * Ws))
 
 
 def _greedy_walk(tokens, nxt, sib, target_next):
@@ -281,6 +303,11 @@ def run_policy(policy: str, smollm2_dir: Path, prompt_ids, reference, tmp_path_f
         assert sum(hist) == g.meta["spec_verify_ct"] > 0  # cap_lens = K_i reported every step
         assert len(hist) <= W + 1  # K_i <= W
     assert metrics["echo_budget_exceeded_total"] == 0 and metrics["echo_steps_total"] > 0
+    # Verify slots: batch x the step's width, here (ragged, no overlap) max K_i, not W.
+    verified, slots = metrics["echo_verified_tokens_total"], metrics["echo_verify_slots_total"]
+    assert verified <= slots <= W * verified
+    if policy == "ar":  # no drafts: one slot per request and step as in plain decoding, not W
+        assert slots == verified
     if policy in ("echo", "budgeted-chain", "dense-gating", "fixed-threshold"):  # budgeted
         assert metrics["echo_step_verified_tokens_max"] <= max(K_MAX, WORKERS)
     if policy in ELASTIC:
