@@ -7,24 +7,33 @@ works at every load: the one that pays at batch 1 makes batch 32 slower than pla
 (``benchmarks/results/serve-smollm2-drafters``). :class:`CostModelBudget` picks each step's cap
 ``K_step <= K_max`` so as to maximise the step's expected tokens per second::
 
-    D* = argmax_D  B (1 + sum_{d <= D} a_d) / (T_verify(n(B (1 + D))) + D t_draft(B) + t_rest(B))
+    D* = argmax_D  B (1 + G(D)) / (T_verify(n(B (1 + D))) + F(D) t_draft(B) + t_rest(B))
     K_step = min(K_max, B (1 + D*)), then raised (D* >= 1 only) while the verify pass grows by
              at most 2% of the step: tokens below Eq. 2's knee cost (almost) nothing
 
-* ``a_d``: of the requests whose tree reached depth d, the share whose first d drafts were all
-  accepted (ECHO's own trees, so the gates' selection is in it);
+``D`` is the number of tokens drafted per request (``K_step = B (1 + D)``, Eq. 4's cap), and
+the policy (Algorithm 1) spends them however its gates say; so what a cap buys is measured on
+the steps the policy actually ran, not derived from a uniform tree:
+
+* ``G(D)``: accepted drafts per request when ``D`` tokens per request were drafted
+  (``(sum K_i - B) / B``). An earlier version multiplied per-depth acceptance rates taken from
+  the trees that reached each depth, i.e. the ones the gates had let through, and applied them
+  to every request: at batch 8 on the CPU it kept drafting where drafting lost to plain decoding;
+* ``F(D)``: draft forwards per step at that ``D`` (the gates send confident requests deeper
+  than ``D``);
 * ``T_verify(n)``: the verify pass against ``n``, the tokens the target computes (the sum of
   K_i with ragged verify, B x W padded);
-* ``t_draft(B)``: seconds per draft depth (one draft forward or lookup round, with its control);
+* ``t_draft(B)``: seconds per draft forward (or lookup round, with its control);
 * ``t_rest(B)``: the rest of the step (draft extend, bookkeeping); it is the same for every D.
 
-Each cost is a measured curve (:class:`CostCurve`: exponentially weighted means per half-octave
-of its size, so Eq. 2's flat-then-linear shape is kept), and ``a_d`` decays too, so the model
-follows the load and the workload. ``D* = 0`` is plain decoding: no draft tokens, so ECHO's loop
-drafts nothing. Inside ``K_step`` the allocation is still Algorithm 1's (confident requests
-first), so the uniform-depth estimate errs on the cautious side. Until ``warmup`` speculative steps have been seen, and on every
-``explore_every``-th step after, the step gets the full ``K_max``, so ``a_d`` and ``t_draft``
-keep being measured at the current load even while the model says not to speculate.
+Each is a measured curve (:class:`CostCurve`: exponentially weighted means per half-octave of
+its size, so Eq. 2's flat-then-linear shape is kept), so the model follows the load and the
+workload. Between ``D = 0`` (nothing drafted, nothing gained) and the first measured ``D``,
+``G`` and ``F`` are interpolated linearly, which under-credits small ``D`` (acceptance falls
+with depth); past the last measured ``D`` nothing more is credited. ``D* = 0`` is plain
+decoding: ECHO's loop drafts nothing. Until ``warmup`` speculative steps have been seen, and on
+every ``explore_every``-th step after, the step gets the full ``K_max``, so ``G``, ``F`` and
+``t_draft`` keep being measured at the current load even while the model says not to speculate.
 """
 
 from __future__ import annotations
@@ -37,7 +46,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
-import torch
 
 
 @dataclass
@@ -81,15 +89,15 @@ class CostCurve:
     A single line would miss Eq. 2's knee: on a CPU a verify of 1 or 8 tokens costs about the
     same, while the slope over 1..256 tokens charges every token alike."""
 
-    def __init__(self, decay: float = 0.98) -> None:
-        self.decay = decay
+    def __init__(self, decay: float = 0.98, unit: float = 1.0) -> None:
+        self.decay, self.unit = decay, unit  # unit: the smallest x told apart (x <= unit share a bucket)
         self.line = LineFit(decay)
         self._buckets: dict[int, list[float]] = {}  # round(2 log2 x) -> [w, wx, wy]
         self._joined: Optional[tuple[list[float], list[float], float]] = None  # (xs, ys, slope) until add
 
     def add(self, x: float, y: float) -> None:
         self.line.add(x, y)
-        b = self._buckets.setdefault(round(2 * math.log2(max(x, 1.0))), [0.0, 0.0, 0.0])
+        b = self._buckets.setdefault(round(2 * math.log2(max(x / self.unit, 1.0))), [0.0, 0.0, 0.0])
         for i, v in enumerate((1.0, x, y)):
             b[i] = self.decay * b[i] + v
         self._joined = None
@@ -101,6 +109,20 @@ class CostCurve:
             ys = list(itertools.accumulate((p[1] for p in pts), max))
             self._joined = ([p[0] for p in pts], ys, self.line.slope())
         return self._joined
+
+    @property
+    def measured(self) -> bool:
+        return bool(self._buckets)
+
+    def from_origin(self, x: float) -> float:
+        """A yield-like curve: 0 at ``x <= 0``, linear from there to the first measured point,
+        measured, then flat past the last (no evidence, no credit)."""
+        xs, ys, _ = self._points()
+        if not xs or x <= 0:
+            return 0.0
+        if x < xs[0]:
+            return ys[0] * x / xs[0]
+        return ys[-1] if x >= xs[-1] else self.predict(x)
 
     def predict(self, x: float) -> float:
         xs, ys, slope = self._points()
@@ -133,38 +155,43 @@ class CostModelBudget:
         self.warmup, self.explore_every, self.decay = warmup, explore_every, decay
         self.free_share = free_share  # verify time a step may add for free tokens (see cap)
         self.verify = CostCurve(decay)  # seconds vs target tokens
-        self.draft = CostCurve(decay)  # seconds per draft depth vs batch size
+        self.draft = CostCurve(decay)  # seconds per draft forward vs batch size
         self.rest = CostCurve(decay)  # rest of the step vs batch size
-        self.reached = torch.zeros(max_depth)  # decayed count of trees that reached depth d = 1..
-        self.accepted = torch.zeros(max_depth)  # ... whose first d drafts were all accepted
+        self.gain = CostCurve(decay, unit=1 / 8)  # G: accepted drafts per request vs drafted per request
+        self.forwards = CostCurve(decay, unit=1 / 8)  # F: draft forwards per step vs drafted per request
         self.spec_steps = 0  # steps that drafted at least one depth
         self.steps = 0
-        self._pending: deque[torch.Tensor] = deque(maxlen=8)  # depths of steps awaiting their accept
+        self._pending: deque[tuple[int, float]] = deque(maxlen=8)  # (B, drafted per request) awaiting accept
 
     # -- the model -----------------------------------------------------------------------------
-    def accept_rates(self) -> list[float]:
-        """``a_d`` for d = 1..max_depth (0 where no tree reached d)."""
-        return (self.accepted / (self.reached + 1.0)).tolist()
+    def expected_gain(self, drafted: float) -> float:
+        """``G(D)``: accepted drafts per request when ``drafted`` tokens per request are drafted."""
+        return self.gain.from_origin(drafted)
+
+    def draft_forwards(self, drafted: float) -> float:
+        """``F(D)``: draft forwards per step (at least one when anything is drafted)."""
+        if drafted <= 0:
+            return 0.0
+        seen = self.forwards.from_origin(drafted) if self.forwards.measured else drafted
+        return min(max(seen, 1.0), float(self.max_depth))
 
     def target_tokens(self, verified: int, batch_size: int) -> int:
         return verified if self.padded_width is None else batch_size * self.padded_width
 
-    def expected_rate(self, batch_size: int, depth: int, rates: Optional[Sequence[float]] = None) -> float:
-        """Expected tokens per second of a step whose B trees all reach ``depth`` (the objective)."""
-        a = self.accept_rates() if rates is None else rates
+    def expected_rate(self, batch_size: int, depth: int) -> float:
+        """Expected tokens per second of a step drafting ``depth`` tokens per request (the objective)."""
         seconds = self.step_seconds(batch_size, depth)
-        return batch_size * (1.0 + sum(a[:depth])) / seconds if seconds > 0 else 0.0
+        return batch_size * (1.0 + self.expected_gain(depth)) / seconds if seconds > 0 else 0.0
 
     def step_seconds(self, batch_size: int, depth: int) -> float:
-        """Predicted seconds of a step whose B trees all reach ``depth``."""
+        """Predicted seconds of a step drafting ``depth`` tokens per request."""
         B = batch_size
         return (self.verify.predict(self.target_tokens(B * (1 + depth), B))
-                + depth * self.draft.predict(B) + self.rest.predict(B))
+                + self.draft_forwards(depth) * self.draft.predict(B) + self.rest.predict(B))
 
     def best_depth(self, batch_size: int) -> int:
-        """D*: the uniform tree depth with the highest expected tokens per second."""
-        a = self.accept_rates()
-        rates = [self.expected_rate(batch_size, d, a) for d in range(self.max_depth + 1)]
+        """D*: the tokens drafted per request with the highest expected tokens per second."""
+        rates = [self.expected_rate(batch_size, d) for d in range(self.max_depth + 1)]
         return max(range(len(rates)), key=lambda d: (rates[d], -d))  # ties: the shallower
 
     # -- the worker's calls ----------------------------------------------------------------------
@@ -191,29 +218,30 @@ class CostModelBudget:
                 hi = mid - 1
         return lo
 
-    def observe_step(self, *, batch_size: int, target_tokens: int, depths: torch.Tensor, draft_forwards: int,
+    def observe_step(self, *, batch_size: int, target_tokens: int, verified_tokens: int, draft_forwards: int,
                      draft_s: float, verify_s: float, step_s: float) -> None:
-        """One decode step: its size, per-request tree depths, and wall seconds by phase
-        (``draft_s``: drafting and control; ``step_s``: the whole step)."""
+        """One decode step: its size, the tokens it verified (sum K_i, roots included), and wall
+        seconds by phase (``draft_s``: drafting and control; ``step_s``: the whole step)."""
         if batch_size <= 0:
             return
         self.verify.add(target_tokens, verify_s)
+        drafted = max(verified_tokens - batch_size, 0) / batch_size
         if draft_forwards > 0:
             self.spec_steps += 1
             self.draft.add(batch_size, draft_s / draft_forwards)
+            if drafted > 0:
+                self.forwards.add(drafted, draft_forwards)
             self.rest.add(batch_size, max(step_s - verify_s - draft_s, 0.0))
         else:  # no draft depth: drafting was setup only, part of the step's fixed rest
             self.rest.add(batch_size, max(step_s - verify_s, 0.0))
-        self._pending.append(depths.detach().to("cpu", torch.int64).reshape(-1))
+        self._pending.append((batch_size, drafted))
 
     def observe_accept(self, accepted_drafts: Sequence[int]) -> None:
         """Accepted drafts per request of the oldest step not yet matched (bonus token excluded)."""
         if not self._pending:
             return
-        depths = self._pending.popleft()
-        if depths.numel() != len(accepted_drafts):
+        batch_size, drafted = self._pending.popleft()
+        if batch_size != len(accepted_drafts):
             return  # not the batch that step drafted for: nothing to learn from it
-        d = torch.arange(1, self.max_depth + 1)[None, :]
-        acc = torch.as_tensor(list(accepted_drafts), dtype=torch.int64)[:, None]
-        self.reached = self.decay * self.reached + (depths[:, None] >= d).sum(0)
-        self.accepted = self.decay * self.accepted + (acc.minimum(depths[:, None]) >= d).sum(0)
+        if drafted > 0:
+            self.gain.add(drafted, sum(accepted_drafts) / batch_size)

@@ -373,7 +373,7 @@ def _define_worker():
                 self.echo_metrics.on_step(st, forward_tokens)
                 if self.echo_budget is not None:
                     self.echo_budget.observe_step(
-                        batch_size=st.sizes.numel(), target_tokens=forward_tokens, depths=st.depths,
+                        batch_size=st.sizes.numel(), target_tokens=forward_tokens, verified_tokens=int(st.sizes.sum()),
                         draft_forwards=st.draft_forwards, draft_s=st.draft_s + st.control_s,
                         verify_s=step_s - st.prepare_s, step_s=step_s)
             return result

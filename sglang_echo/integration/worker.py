@@ -376,7 +376,7 @@ class EchoWorker(EAGLEWorkerV2):
             self.echo_metrics.on_timing(control=st.control_s, draft=st.draft_s, verify=st.verify_s, step=step_s)
             if self.echo_budget is not None:
                 self.echo_budget.observe_step(
-                    batch_size=st.sizes.numel(), target_tokens=st.forward_tokens, depths=st.depths,
+                    batch_size=st.sizes.numel(), target_tokens=st.forward_tokens, verified_tokens=int(st.sizes.sum()),
                     draft_forwards=st.draft_forwards, draft_s=st.draft_s + st.control_s, verify_s=st.verify_s,
                     step_s=step_s)
         return result

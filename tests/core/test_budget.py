@@ -47,12 +47,12 @@ def test_cost_curve_keeps_the_knee_a_line_would_miss():
 
 def feed(budget: CostModelBudget, *, steps: int, B: int, depth: int, accept: list[float], verify, draft_per_depth: float,
          rest: float = 0.0) -> None:
-    """Steps of B requests drafted to ``depth``: request i accepts its first d drafts for the
-    first ``accept[d-1]`` share of the batch (so a_d = accept[d-1])."""
+    """Steps of B requests drafted to ``depth`` (chains): request i accepts its first d drafts
+    for the first ``accept[d-1]`` share of the batch (so G(depth) ~ sum(accept[:depth]))."""
     for _ in range(steps):
         K = B * (1 + depth)
         v, dr = verify(K), depth * draft_per_depth
-        budget.observe_step(batch_size=B, target_tokens=K, depths=torch.full((B,), depth), draft_forwards=depth,
+        budget.observe_step(batch_size=B, target_tokens=K, verified_tokens=K, draft_forwards=depth,
                             draft_s=dr, verify_s=v, step_s=v + dr + rest)
         acc = [sum(1 for a in accept[:depth] if i < a * B) for i in range(B)]
         budget.observe_accept(acc)
@@ -63,17 +63,18 @@ def test_compute_bound_verify_turns_speculation_off_at_high_load_only():
     budget = CostModelBudget(k_max=64, max_depth=4, warmup=4, explore_every=1000, decay=0.99)
     verify = lambda K: 0.06 + 0.002 * K  # noqa: E731
     accept = [0.5, 0.3, 0.2, 0.1]
-    for B in (1, 2, 4, 8, 16, 32):  # varied loads, so the draft cost is seen as a line in B
+    for B in (8, 16, 24, 32, 40):  # varied loads (draft cost a line in B); >= 8: shares of B are near exact
         feed(budget, steps=8, B=B, depth=2, accept=accept, verify=verify, draft_per_depth=0.006 + 0.0005 * B)
-    rates = budget.accept_rates()
-    assert rates[0] == pytest.approx(0.5, abs=0.05) and rates[1] == pytest.approx(0.3, abs=0.05)
-    assert rates[2] == 0.0  # no tree reached depth 3: no evidence, no credit
+    assert budget.expected_gain(2) == pytest.approx(0.8, abs=0.05)  # measured: 0.5 + 0.3
+    assert budget.expected_gain(1) == pytest.approx(0.4, abs=0.03)  # below the data: a line from 0
+    assert budget.expected_gain(4) == budget.expected_gain(2)  # past the data: no evidence, no credit
+    assert budget.draft_forwards(1) == pytest.approx(1.0) and budget.draft_forwards(2) == pytest.approx(2.0)
 
-    # B = 1: a draft costs 2 ms of verify and 6.5 ms of drafting on a 62 ms step, and a_1 = 0.5:
-    # 1.5 tokens / 70.5 ms > 1 / 62 ms, so the cap allows drafts ...
+    # B = 1: a draft costs 2 ms of verify and 6.5 ms of drafting on a 62 ms step, and G(1) = 0.4:
+    # 1.4 tokens / 70.5 ms > 1 / 62 ms, so the cap allows drafts ...
     assert budget.cap(1) == 1 + budget.best_depth(1) > 1  # 2 ms a token: no verify time to spare
-    # ... B = 32: 32 more verified tokens (+64 ms) and a 22 ms draft forward buy 16 tokens on a
-    # 124 ms step: 48 / 210 ms < 32 / 124 ms, so the step is plain decoding.
+    # ... B = 32: 32 more verified tokens (+64 ms) and a 22 ms draft forward buy 13 tokens on a
+    # 124 ms step: 45 / 210 ms < 32 / 124 ms, so the step is plain decoding.
     assert budget.best_depth(32) == 0 and budget.cap(32) == 32
     ar = budget.expected_rate(32, 0)
     assert ar == pytest.approx(32 / verify(32), rel=0.02)
@@ -112,15 +113,30 @@ def test_accepts_are_matched_to_their_steps_in_order():
     """Overlap scheduling reports a step's acceptance after the next step was drafted."""
     budget = CostModelBudget(k_max=64, max_depth=2, decay=1.0)
     kw = dict(target_tokens=6, draft_forwards=2, draft_s=0.01, verify_s=0.05, step_s=0.07)
-    budget.observe_step(batch_size=2, depths=torch.tensor([2, 2]), **kw)
-    budget.observe_step(batch_size=3, depths=torch.tensor([1, 0, 2]), **kw)
+    budget.observe_step(batch_size=2, verified_tokens=6, **kw)  # 2 drafts per request
+    budget.observe_step(batch_size=3, verified_tokens=6, **kw)  # 1 draft per request
     budget.observe_accept([2, 1])  # step 1
     budget.observe_accept([0, 0, 2])  # step 2
-    assert budget.reached.tolist() == [4.0, 3.0] and budget.accepted.tolist() == [3.0, 2.0]
+    assert budget.expected_gain(2) == pytest.approx(1.5) and budget.expected_gain(1) == pytest.approx(2 / 3)
     budget.observe_accept([1, 1])  # no step left to match: ignored
-    budget.observe_step(batch_size=2, depths=torch.tensor([1, 1]), **kw)
+    budget.observe_step(batch_size=2, verified_tokens=4, **kw)
     budget.observe_accept([1, 1, 1])  # a different batch: ignored
-    assert budget.reached.tolist() == [4.0, 3.0]
+    assert budget.expected_gain(1) == pytest.approx(2 / 3)
+
+
+def test_gated_trees_are_credited_by_what_the_batch_accepted():
+    """Gates send a quarter of the batch 4 deep and the rest nowhere (2 drafts per request on
+    average per the cap, i.e. D = 1): the confident quarter accepts 3 of 4. What D = 1 buys is
+    what the batch accepted per request (0.75), not the confident trees' per-depth rates applied
+    to everyone."""
+    budget = CostModelBudget(k_max=64, max_depth=4, warmup=0, explore_every=1000, decay=1.0)
+    B = 8
+    for _ in range(4):
+        budget.observe_step(batch_size=B, target_tokens=2 * B, verified_tokens=2 * B, draft_forwards=4,
+                            draft_s=0.04, verify_s=0.1, step_s=0.15)
+        budget.observe_accept([3, 3, 0, 0, 0, 0, 0, 0])
+    assert budget.expected_gain(1) == pytest.approx(0.75)
+    assert budget.draft_forwards(1) == pytest.approx(4.0)  # the gated trees went 4 deep for D = 1
 
 
 def test_bad_settings_are_refused():
