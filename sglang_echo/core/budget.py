@@ -18,7 +18,7 @@ the steps the policy actually ran, not derived from a uniform tree:
 * ``G(D)``: accepted drafts per request when ``D`` tokens per request were drafted
   (``(sum K_i - B) / B``). An earlier version multiplied per-depth acceptance rates taken from
   the trees that reached each depth, i.e. the ones the gates had let through, and applied them
-  to every request: at batch 8 on the CPU it kept drafting where drafting lost to plain decoding;
+  to every request, which credits the whole batch with the confident requests' acceptance;
 * ``F(D)``: draft forwards per step at that ``D`` (the gates send confident requests deeper
   than ``D``);
 * ``T_verify(n)``: the verify pass against ``n``, the tokens the target computes (the sum of
