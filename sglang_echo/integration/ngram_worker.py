@@ -55,7 +55,7 @@ from sglang_echo.drafters.ngram import NGramDrafter
 from .config import EchoConfig, load_calibration_for, load_config, make_echo_policy, make_step_budget
 from .history import History
 from .metrics import EchoMetrics, TimedDrafter, timing_sync
-from .padded import to_sglang_dense
+from .padded import step_width, to_sglang_dense
 from .ragged import MARK, resolve_verify_mode, target_tokens
 
 log = logging.getLogger(__name__)
@@ -166,8 +166,7 @@ def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Te
     t0 = time.perf_counter()
     drafter = TimedDrafter(BatchDrafter(drafters))
     trees, state = build_trees(policy, drafter, roots, k_max=k_max)
-    if per_step_width:
-        width = max(1, int(trees.sizes.max()))
+    width = step_width(trees.sizes, width, per_step_width)
     dense = to_sglang_dense(trees, torch.zeros_like(roots), width)  # positions: NGRAM rebuilds them
     step = NgramStep(dense.sizes, state.gate_evaluated, state.gate_passed, drafter.forwards, state.pool)
     tokens = dense.draft_token.to(torch.int64).numpy()

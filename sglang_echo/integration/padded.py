@@ -38,6 +38,12 @@ class DenseVerifyTensors:
     sizes: Tensor  # [B] int32 K_b (root included)
 
 
+def step_width(sizes: Tensor, width: int, per_step: bool) -> int:
+    """The width to lay a step out in: ``width`` (W), or with ``per_step`` its widest tree
+    (``W_s = max K_i``, at least 1), which is all a step's verify, acceptance and draft extend need."""
+    return max(1, int(sizes.max())) if per_step and sizes.numel() else width
+
+
 def to_sglang_dense(trees: DraftTrees, seq_lens: Tensor, width: int, full_mask: bool = False) -> DenseVerifyTensors:
     """Pack ``trees`` into sglang's dense verify layout of width ``width`` (see module doc)."""
     B, W = trees.batch_size, width

@@ -51,7 +51,7 @@ from .config import (EchoConfig, configured_drafter, load_calibration_for, load_
                      make_step_budget)
 from .drafter import EagleFrontierDrafter
 from .metrics import EchoMetrics, TimedDrafter, _noop, timing_sync
-from .padded import to_sglang_dense
+from .padded import step_width, to_sglang_dense
 from .ragged import MARK, resolve_verify_mode, target_tokens
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class EchoDraftWorker(EagleDraftWorker):
         stride, which the scheduler reads) and from ``speculative_num_draft_tokens`` (the draft
         extend, set per step by :meth:`width_for`), as sglang's adaptive steps=0 path does for its
         one-token verify."""
-        return max(1, int(sizes.max())) if self.echo_step_width and sizes.numel() else self.echo_width
+        return step_width(sizes, self.echo_width, self.echo_step_width)
 
     @contextmanager
     def width_for(self, width: int):
