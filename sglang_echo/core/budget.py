@@ -31,15 +31,21 @@ its size, so Eq. 2's flat-then-linear shape is kept), so the model follows the l
 workload. Between ``D = 0`` (nothing drafted, nothing gained) and the first measured ``D``,
 ``G`` and ``F`` are interpolated linearly, which under-credits small ``D`` (acceptance falls
 with depth); past the last measured ``D`` nothing more is credited. ``D* = 0`` is plain
-decoding: ECHO's loop drafts nothing. Until ``warmup`` speculative steps have been seen, and on
-every ``explore_every``-th step after, the step gets the full ``K_max``, so ``G``, ``F`` and
-``t_draft`` keep being measured at the current load even while the model says not to speculate.
+decoding: ECHO's loop drafts nothing.
+
+A step only measures the side of the decision it took, so both sides are probed at the current
+load. Until ``warmup`` speculative steps have been seen, and on every ``explore_every``-th step
+after, the step gets the full ``K_max``, so ``G``, ``F`` and ``t_draft`` keep being measured
+while the model says not to speculate. While it says to speculate, every ``plain_every``-th step
+is plain decoding, so ``T_verify(B)`` and ``t_rest(B)`` are measured where the alternative would
+run. Without it a batch of 8 that never decoded plainly priced a plain step from one slow
+8-token verify of a batch of 2, and drafted at 0.74x of plain decoding
+(``benchmarks/results/serve-smollm2-plain-probe``).
 """
 
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -83,7 +89,7 @@ class LineFit:
 
 class CostCurve:
     """A cost against a size, as measured: exponentially weighted means per half-octave of x,
-    joined piecewise-linearly (and made non-decreasing), extended past the measured range with a
+    joined piecewise-linearly (and made non-decreasing: :func:`isotonic`), extended past the measured range with a
     :class:`LineFit`'s slope over all samples.
 
     A single line would miss Eq. 2's knee: on a CPU a verify of 1 or 8 tokens costs about the
@@ -105,9 +111,8 @@ class CostCurve:
     def _points(self) -> tuple[list[float], list[float], float]:
         """The joined curve, rebuilt only after an add (a step's cap queries it many times)."""
         if self._joined is None:
-            pts = sorted((wx / w, wy / w) for w, wx, wy in self._buckets.values())
-            ys = list(itertools.accumulate((p[1] for p in pts), max))
-            self._joined = ([p[0] for p in pts], ys, self.line.slope())
+            pts = sorted((wx / w, wy / w, w) for w, wx, wy in self._buckets.values())
+            self._joined = ([p[0] for p in pts], isotonic([p[1] for p in pts], [p[2] for p in pts]), self.line.slope())
         return self._joined
 
     @property
@@ -137,6 +142,21 @@ class CostCurve:
         return ys[i - 1] + t * (ys[i] - ys[i - 1])
 
 
+def isotonic(ys: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``ys`` in weighted least squares (pool adjacent
+    violators). A cost cannot fall with size, but a measured one does (noise); pooling keeps one
+    slow step, weighted as one, from raising every larger size to its time, as a running maximum
+    would."""
+    blocks: list[list[float]] = []  # [mean, weight, count], means increasing
+    for y, w in zip(ys, weights):
+        blocks.append([y, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            y2, w2, n2 = blocks.pop()
+            b = blocks[-1]
+            b[0], b[1], b[2] = (b[0] * b[1] + y2 * w2) / (b[1] + w2), b[1] + w2, b[2] + n2
+    return [b[0] for b in blocks for _ in range(b[2])]
+
+
 class CostModelBudget:
     """Chooses each decode step's verification cap (see the module docstring).
 
@@ -146,13 +166,15 @@ class CostModelBudget:
     """
 
     def __init__(self, k_max: int, max_depth: int, *, padded_width: Optional[int] = None,
-                 warmup: int = 16, explore_every: int = 64, decay: float = 0.98, free_share: float = 0.02) -> None:
-        if k_max < 1 or max_depth < 0 or warmup < 0 or explore_every < 2:
-            raise ValueError(f"need k_max >= 1, max_depth >= 0, warmup >= 0, explore_every >= 2; got "
-                             f"k_max={k_max} max_depth={max_depth} warmup={warmup} explore_every={explore_every}")
+                 warmup: int = 16, explore_every: int = 64, plain_every: int = 16, decay: float = 0.98,
+                 free_share: float = 0.02) -> None:
+        if k_max < 1 or max_depth < 0 or warmup < 0 or explore_every < 2 or plain_every < 2:
+            raise ValueError(f"need k_max >= 1, max_depth >= 0, warmup >= 0, explore_every >= 2, plain_every >= 2; "
+                             f"got k_max={k_max} max_depth={max_depth} warmup={warmup} explore_every={explore_every} "
+                             f"plain_every={plain_every}")
         self.k_max, self.max_depth = k_max, max_depth
         self.padded_width = padded_width  # None: ragged verify (the target computes sum K_i tokens)
-        self.warmup, self.explore_every, self.decay = warmup, explore_every, decay
+        self.warmup, self.explore_every, self.plain_every, self.decay = warmup, explore_every, plain_every, decay
         self.free_share = free_share  # verify time a step may add for free tokens (see cap)
         self.verify = CostCurve(decay)  # seconds vs target tokens
         self.draft = CostCurve(decay)  # seconds per draft forward vs batch size
@@ -202,6 +224,8 @@ class CostModelBudget:
             return self.k_max
         B = batch_size
         depth = self.best_depth(B)
+        if depth > 0 and self.steps % self.plain_every == self.plain_every // 2:  # off the exploration steps
+            return B  # probe plain decoding (module docstring)
         k = min(self.k_max, B * (1 + depth))
         if depth == 0 or k >= self.k_max:
             return k

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sglang_echo.core.budget import CostCurve, CostModelBudget, LineFit
+from sglang_echo.core.budget import CostCurve, CostModelBudget, LineFit, isotonic
 from sglang_echo.core.factory import PolicyConfig, make_policy
 from sglang_echo.core.policy import build_trees
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
@@ -43,6 +43,20 @@ def test_cost_curve_keeps_the_knee_a_line_would_miss():
         noisy.add(n, y)
     assert noisy.predict(16) >= noisy.predict(4)
     assert CostCurve().predict(7) == 0.0
+
+
+def test_one_slow_step_does_not_raise_every_larger_size():
+    """Isotonic pooling, not a running maximum: a single 46 ms outlier at batch 2 is outweighed by
+    thirty 12 ms steps at batch 8 instead of pricing batch 8 at 46 ms."""
+    rest = CostCurve(decay=1.0)
+    rest.add(1, 0.007)
+    rest.add(2, 0.046)
+    for _ in range(30):
+        rest.add(8, 0.012)
+    assert rest.predict(8) == pytest.approx((0.046 + 30 * 0.012) / 31)
+    assert rest.predict(1) == pytest.approx(0.007) and rest.predict(2) == rest.predict(8)
+    assert isotonic([1.0, 3.0, 2.0, 4.0], [1.0, 1.0, 1.0, 1.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert isotonic([5.0, 1.0], [1.0, 3.0]) == [2.0, 2.0]
 
 
 def feed(budget: CostModelBudget, *, steps: int, B: int, depth: int, accept: list[float], verify, draft_per_depth: float,
@@ -109,6 +123,16 @@ def test_warmup_and_exploration_use_the_full_k_max():
     assert caps == [48, 16, 16, 16, 48, 16, 16, 16]
 
 
+def test_plain_steps_probe_the_alternative_while_drafting_pays():
+    """Drafting pays (flat verify), so every 4th step that would draft decodes plainly instead;
+    the K_max exploration steps keep their own turn."""
+    budget = CostModelBudget(k_max=48, max_depth=3, warmup=0, explore_every=8, plain_every=4)
+    feed(budget, steps=4, B=8, depth=3, accept=[0.9, 0.8, 0.7], verify=lambda K: 0.02, draft_per_depth=0.001)
+    caps = [budget.cap(8) for _ in range(8)]  # calls 1..8: 2 and 6 plain, 8 explores
+    assert caps == [48, 8, 48, 48, 48, 8, 48, 48]
+    assert budget.best_depth(8) == 3
+
+
 def test_accepts_are_matched_to_their_steps_in_order():
     """Overlap scheduling reports a step's acceptance after the next step was drafted."""
     budget = CostModelBudget(k_max=64, max_depth=2, decay=1.0)
@@ -144,6 +168,8 @@ def test_bad_settings_are_refused():
         CostModelBudget(k_max=0, max_depth=4)
     with pytest.raises(ValueError, match="explore_every"):
         CostModelBudget(k_max=8, max_depth=4, explore_every=1)
+    with pytest.raises(ValueError, match="plain_every"):
+        CostModelBudget(k_max=8, max_depth=4, plain_every=1)
 
 
 def drafter(B: int) -> SyntheticDrafter:
