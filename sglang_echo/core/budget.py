@@ -7,20 +7,23 @@ works at every load: the one that pays at batch 1 makes batch 32 slower than pla
 (``benchmarks/results/serve-smollm2-drafters``). :class:`CostModelBudget` picks each step's cap
 ``K_step <= K_max`` so as to maximise the step's expected tokens per second::
 
-    D* = argmax_D  B (1 + G(D)) / (T_verify(n(B (1 + D))) + F(D) t_draft(B) + t_rest(B))
+    D* = argmax_D  B (1 + G(s)) / (T_verify(n(B (1 + s))) + F(s) t_draft(B) + t_rest(B)),  s = S(D)
     K_step = min(K_max, B (1 + D*)), then raised (D* >= 1 only) while the verify pass grows by
              at most 2% of the step: tokens below Eq. 2's knee cost (almost) nothing
 
-``D`` is the number of tokens drafted per request (``K_step = B (1 + D)``, Eq. 4's cap), and
-the policy (Algorithm 1) spends them however its gates say; so what a cap buys is measured on
-the steps the policy actually ran, not derived from a uniform tree:
+``D`` is the number of tokens per request the cap allows (``K_step = B (1 + D)``, Eq. 4's cap),
+and the policy (Algorithm 1) spends them however its gates say; so what a cap buys is measured
+on the steps the policy actually ran, not derived from a uniform tree:
 
-* ``G(D)``: accepted drafts per request when ``D`` tokens per request were drafted
+* ``S(D)``: tokens per request the policy drafted when the cap allowed ``D`` (``<= D``: the gates
+  leave the rest unspent). Without it a cap of ``D = 4`` was credited with ``G(4)``, measured at
+  batch 1, while at batch 8 the gates spent 2.7 per request, which bought half as much;
+* ``G(s)``: accepted drafts per request when ``s`` tokens per request were drafted
   (``(sum K_i - B) / B``). An earlier version multiplied per-depth acceptance rates taken from
   the trees that reached each depth, i.e. the ones the gates had let through, and applied them
   to every request, which credits the whole batch with the confident requests' acceptance;
-* ``F(D)``: draft forwards per step at that ``D`` (the gates send confident requests deeper
-  than ``D``);
+* ``F(s)``: draft forwards per step at that ``s`` (the gates send confident requests deeper
+  than ``s``);
 * ``T_verify(n)``: the verify pass against ``n``, the tokens the target computes (the sum of
   K_i with ragged verify, B x W padded);
 * ``t_draft(B)``: seconds per draft forward (or lookup round, with its control);
@@ -28,9 +31,9 @@ the steps the policy actually ran, not derived from a uniform tree:
 
 Each is a measured curve (:class:`CostCurve`: exponentially weighted means per half-octave of
 its size, so Eq. 2's flat-then-linear shape is kept), so the model follows the load and the
-workload. Between ``D = 0`` (nothing drafted, nothing gained) and the first measured ``D``,
-``G`` and ``F`` are interpolated linearly, which under-credits small ``D`` (acceptance falls
-with depth); past the last measured ``D`` nothing more is credited. ``D* = 0`` is plain
+workload. Between 0 (nothing drafted, nothing gained) and the first measured size, ``S``, ``G``
+and ``F`` are interpolated linearly, which under-credits small ``s`` (acceptance falls with
+depth); past the last measured size nothing more is credited. ``D* = 0`` is plain
 decoding: ECHO's loop drafts nothing.
 
 A step only measures the side of the decision it took, so both sides are probed at the current
@@ -181,11 +184,18 @@ class CostModelBudget:
         self.rest = CostCurve(decay)  # rest of the step vs batch size
         self.gain = CostCurve(decay, unit=1 / 8)  # G: accepted drafts per request vs drafted per request
         self.forwards = CostCurve(decay, unit=1 / 8)  # F: draft forwards per step vs drafted per request
+        self.spend = CostCurve(decay, unit=1 / 8)  # S: drafted per request vs allowed per request
         self.spec_steps = 0  # steps that drafted at least one depth
         self.steps = 0
         self._pending: deque[tuple[int, float]] = deque(maxlen=8)  # (B, drafted per request) awaiting accept
 
     # -- the model -----------------------------------------------------------------------------
+    def spent(self, allowed: float) -> float:
+        """``S(D)``: tokens per request the policy drafts when the cap allows ``allowed``."""
+        if allowed <= 0 or not self.spend.measured:
+            return max(allowed, 0.0)
+        return min(allowed, self.spend.from_origin(allowed))
+
     def expected_gain(self, drafted: float) -> float:
         """``G(D)``: accepted drafts per request when ``drafted`` tokens per request are drafted."""
         return self.gain.from_origin(drafted)
@@ -197,22 +207,22 @@ class CostModelBudget:
         seen = self.forwards.from_origin(drafted) if self.forwards.measured else drafted
         return min(max(seen, 1.0), float(self.max_depth))
 
-    def target_tokens(self, verified: int, batch_size: int) -> int:
+    def target_tokens(self, verified: float, batch_size: int) -> float:
         return verified if self.padded_width is None else batch_size * self.padded_width
 
     def expected_rate(self, batch_size: int, depth: int) -> float:
-        """Expected tokens per second of a step drafting ``depth`` tokens per request (the objective)."""
+        """Expected tokens per second of a step whose cap allows ``depth`` tokens per request (the objective)."""
         seconds = self.step_seconds(batch_size, depth)
-        return batch_size * (1.0 + self.expected_gain(depth)) / seconds if seconds > 0 else 0.0
+        return batch_size * (1.0 + self.expected_gain(self.spent(depth))) / seconds if seconds > 0 else 0.0
 
     def step_seconds(self, batch_size: int, depth: int) -> float:
-        """Predicted seconds of a step drafting ``depth`` tokens per request."""
-        B = batch_size
-        return (self.verify.predict(self.target_tokens(B * (1 + depth), B))
-                + self.draft_forwards(depth) * self.draft.predict(B) + self.rest.predict(B))
+        """Predicted seconds of a step whose cap allows ``depth`` tokens per request."""
+        B, drafted = batch_size, self.spent(depth)
+        return (self.verify.predict(self.target_tokens(B * (1 + drafted), B))
+                + self.draft_forwards(drafted) * self.draft.predict(B) + self.rest.predict(B))
 
     def best_depth(self, batch_size: int) -> int:
-        """D*: the tokens drafted per request with the highest expected tokens per second."""
+        """D*: the tokens per request to allow with the highest expected tokens per second."""
         rates = [self.expected_rate(batch_size, d) for d in range(self.max_depth + 1)]
         return max(range(len(rates)), key=lambda d: (rates[d], -d))  # ties: the shallower
 
@@ -243,13 +253,16 @@ class CostModelBudget:
         return lo
 
     def observe_step(self, *, batch_size: int, target_tokens: int, verified_tokens: int, draft_forwards: int,
-                     draft_s: float, verify_s: float, step_s: float) -> None:
-        """One decode step: its size, the tokens it verified (sum K_i, roots included), and wall
-        seconds by phase (``draft_s``: drafting and control; ``step_s``: the whole step)."""
+                     draft_s: float, verify_s: float, step_s: float, cap: Optional[int] = None) -> None:
+        """One decode step: its size, the tokens it verified (sum K_i, roots included), wall
+        seconds by phase (``draft_s``: drafting and control; ``step_s``: the whole step), and
+        the cap it was given (None: not known, ``S`` is not measured)."""
         if batch_size <= 0:
             return
         self.verify.add(target_tokens, verify_s)
         drafted = max(verified_tokens - batch_size, 0) / batch_size
+        if cap is not None and cap > batch_size:
+            self.spend.add((cap - batch_size) / batch_size, drafted)
         if draft_forwards > 0:
             self.spec_steps += 1
             self.draft.add(batch_size, draft_s / draft_forwards)

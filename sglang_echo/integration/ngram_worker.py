@@ -374,7 +374,7 @@ def _define_worker():
                     self.echo_budget.observe_step(
                         batch_size=st.sizes.numel(), target_tokens=forward_tokens, verified_tokens=int(st.sizes.sum()),
                         draft_forwards=st.draft_forwards, draft_s=st.draft_s + st.control_s,
-                        verify_s=step_s - st.prepare_s, step_s=step_s)
+                        verify_s=step_s - st.prepare_s, step_s=step_s, cap=st.cap)
             return result
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:

@@ -378,7 +378,7 @@ class EchoWorker(EAGLEWorkerV2):
                 self.echo_budget.observe_step(
                     batch_size=st.sizes.numel(), target_tokens=st.forward_tokens, verified_tokens=int(st.sizes.sum()),
                     draft_forwards=st.draft_forwards, draft_s=st.draft_s + st.control_s, verify_s=st.verify_s,
-                    step_s=step_s)
+                    step_s=step_s, cap=st.cap)
         return result
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):

@@ -163,6 +163,28 @@ def test_gated_trees_are_credited_by_what_the_batch_accepted():
     assert budget.draft_forwards(1) == pytest.approx(4.0)  # the gated trees went 4 deep for D = 1
 
 
+def test_a_cap_is_credited_with_what_the_gates_spend_of_it():
+    """Batch 1 (cap 64) drafted 4 per request and accepted 3; at batch 8 a cap allowing 4 per
+    request gets 2 spent (the gates truncate) and 0.5 accepted. The cap of 40 buys G(S(4)) = G(2),
+    not the batch-1 G(4), so batch 8 decodes plainly."""
+    budget = CostModelBudget(k_max=64, max_depth=4, warmup=0, explore_every=1000, decay=1.0)
+    verify = lambda n: 0.05 + 0.002 * n  # noqa: E731
+
+    def step(B: int, cap: int, drafted: int, accepted: list[int]) -> None:
+        n = B * (1 + drafted)
+        budget.observe_step(batch_size=B, target_tokens=n, verified_tokens=n, draft_forwards=drafted,
+                            draft_s=0.005 * drafted, verify_s=verify(n), step_s=verify(n) + 0.005 * drafted, cap=cap)
+        budget.observe_accept(accepted)
+
+    for _ in range(4):
+        step(1, 64, 4, [3])
+        step(8, 40, 2, [1, 0] * 4)
+    assert budget.spent(4) == pytest.approx(2.0) and budget.spent(63) == pytest.approx(4.0)
+    assert budget.expected_gain(4) == pytest.approx(3.0)  # what drafting 4 bought at batch 1
+    assert budget.expected_rate(8, 4) == pytest.approx(8 * 1.5 / (verify(24) + 2 * 0.005))
+    assert budget.best_depth(8) == 0 and budget.cap(8) == 8
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="k_max"):
         CostModelBudget(k_max=0, max_depth=4)
