@@ -16,7 +16,7 @@ and the policy (Algorithm 1) spends them however its gates say; so what a cap bu
 on the steps the policy actually ran, not derived from a uniform tree:
 
 * ``S(D)``: tokens per request the policy drafted when the cap allowed ``D`` (``<= D``: the gates
-  leave the rest unspent). Without it a cap of ``D = 4`` was credited with ``G(4)``, measured at
+  leave the rest unspent; flat outside the measured allowances). Without it a cap of ``D = 4`` was credited with ``G(4)``, measured at
   batch 1, while at batch 8 the gates spent 2.7 per request, which bought half as much;
 * ``G(s)``: accepted drafts per request when ``s`` tokens per request were drafted
   (``(sum K_i - B) / B``). An earlier version multiplied per-depth acceptance rates taken from
@@ -31,8 +31,8 @@ on the steps the policy actually ran, not derived from a uniform tree:
 
 Each is a measured curve (:class:`CostCurve`: exponentially weighted means per half-octave of
 its size, so Eq. 2's flat-then-linear shape is kept), so the model follows the load and the
-workload. Between 0 (nothing drafted, nothing gained) and the first measured size, ``S``, ``G``
-and ``F`` are interpolated linearly, which under-credits small ``s`` (acceptance falls with
+workload. Between 0 (nothing drafted, nothing gained) and the first measured size, ``G`` and
+``F`` are interpolated linearly, which under-credits small ``s`` (acceptance falls with
 depth); past the last measured size nothing more is credited. ``D* = 0`` is plain
 decoding: ECHO's loop drafts nothing.
 
@@ -132,6 +132,13 @@ class CostCurve:
             return ys[0] * x / xs[0]
         return ys[-1] if x >= xs[-1] else self.predict(x)
 
+    def clamped(self, x: float) -> float:
+        """The measured curve, flat outside the measured range."""
+        xs, ys, _ = self._points()
+        if not xs:
+            return 0.0
+        return ys[0] if x <= xs[0] else ys[-1] if x >= xs[-1] else self.predict(x)
+
     def predict(self, x: float) -> float:
         xs, ys, slope = self._points()
         if not xs:
@@ -194,7 +201,9 @@ class CostModelBudget:
         """``S(D)``: tokens per request the policy drafts when the cap allows ``allowed``."""
         if allowed <= 0 or not self.spend.measured:
             return max(allowed, 0.0)
-        return min(allowed, self.spend.from_origin(allowed))
+        # Flat outside the measured range: a cap allowing less than the smallest one seen would be
+        # spent up to what that one was (batch 1 warms up at K_max, spending 4 of 63 allowed).
+        return min(allowed, self.spend.clamped(allowed))
 
     def expected_gain(self, drafted: float) -> float:
         """``G(D)``: accepted drafts per request when ``drafted`` tokens per request are drafted."""

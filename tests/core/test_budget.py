@@ -183,6 +183,10 @@ def test_a_cap_is_credited_with_what_the_gates_spend_of_it():
     assert budget.expected_gain(4) == pytest.approx(3.0)  # what drafting 4 bought at batch 1
     assert budget.expected_rate(8, 4) == pytest.approx(8 * 1.5 / (verify(24) + 2 * 0.005))
     assert budget.best_depth(8) == 0 and budget.cap(8) == 8
+    warm = CostModelBudget(k_max=64, max_depth=4, warmup=0, decay=1.0)  # only a K_max step seen at batch 1
+    warm.observe_step(batch_size=1, target_tokens=5, verified_tokens=5, draft_forwards=4, draft_s=0.02,
+                      verify_s=0.06, step_s=0.08, cap=64)
+    assert [warm.spent(d) for d in (1, 3, 4, 100)] == [1.0, 3.0, 4.0, 4.0]  # spent 4 of 63: so all of 1-4
 
 
 def test_bad_settings_are_refused():
