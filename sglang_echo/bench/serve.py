@@ -328,7 +328,8 @@ def run(args: argparse.Namespace) -> Report:
                 after = scrape_echo_metrics(srv.base_url) if spec == "echo" else {}
                 ids = [o.output_ids for o in outs]
                 steps = sum(int(o.meta.get("spec_verify_ct", 0)) for o in outs)
-                lossless = None if name == "none" else ids == reference.get(c)
+                # None: this is the reference, or the run has no `none` to compare with
+                lossless = None if name == "none" or c not in reference else ids == reference[c]
                 if name == "none":
                     reference[c] = ids
                 per_request = [request_record(o.meta, o.output_ids, nominal, ds, lat)
