@@ -16,8 +16,9 @@ and the policy (Algorithm 1) spends them however its gates say; so what a cap bu
 on the steps the policy actually ran, not derived from a uniform tree:
 
 * ``S(D)``: tokens per request the policy drafted when the cap allowed ``D`` (``<= D``: the gates
-  leave the rest unspent; flat outside the measured allowances). Without it a cap of ``D = 4`` was credited with ``G(4)``, measured at
-  batch 1, while at batch 8 the gates spent 2.7 per request, which bought half as much;
+  leave the rest unspent; flat outside the measured allowances). Without it a cap of ``D = 4``
+  was credited with ``G(4) = 1.23``, measured at batch 1, while at batch 8 the gates spent 2.7
+  per request, which bought about 0.5;
 * ``G(s)``: accepted drafts per request when ``s`` tokens per request were drafted
   (``(sum K_i - B) / B``). An earlier version multiplied per-depth acceptance rates taken from
   the trees that reached each depth, i.e. the ones the gates had let through, and applied them
@@ -54,7 +55,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
-
 
 
 @dataclass
@@ -128,9 +128,7 @@ class CostCurve:
         xs, ys, _ = self._points()
         if not xs or x <= 0:
             return 0.0
-        if x < xs[0]:
-            return ys[0] * x / xs[0]
-        return ys[-1] if x >= xs[-1] else self.predict(x)
+        return ys[0] * x / xs[0] if x < xs[0] else self.clamped(x)
 
     def clamped(self, x: float) -> float:
         """The measured curve, flat outside the measured range."""
