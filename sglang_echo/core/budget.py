@@ -45,6 +45,14 @@ is plain decoding, so ``T_verify(B)`` and ``t_rest(B)`` are measured where the a
 run. Without it a batch of 8 that never decoded plainly priced a plain step from one slow
 8-token verify of a batch of 2, and drafted at 0.74x of plain decoding
 (``benchmarks/results/serve-smollm2-plain-probe``).
+
+The model predicts; :class:`RealisedRates` checks. Those plain probes and the drafting steps
+around them are an A/B test of the model's choice at the current load: the tokens each step
+committed per second, per batch-size bucket. Where drafting has measurably committed fewer than
+plain decoding, the step is plain, and the probe runs the other way (every ``plain_every``-th step
+drafts as the model says) so the verdict can change. A model fitted across loads and workloads
+can be wrong in ways no single curve shows (at batch 8 it kept drafting at 0.65x of plain
+decoding, ``benchmarks/results/serve-smollm2-spend``); the measured rates cannot, up to noise.
 """
 
 from __future__ import annotations
@@ -165,6 +173,43 @@ def isotonic(ys: Sequence[float], weights: Sequence[float]) -> list[float]:
     return [b[0] for b in blocks for _ in range(b[2])]
 
 
+class RealisedRates:
+    """Committed tokens per second per request, as served, for plain and drafting steps per
+    batch-size bucket (half-octaves, as :class:`CostCurve`'s): the A/B test behind the veto in
+    :meth:`CostModelBudget.cap`. Per request, so that a bucket's sizes (6 to 8 share one) compare."""
+
+    ARMS = ("plain", "draft")
+
+    def __init__(self, decay: float = 0.8, min_samples: int = 3) -> None:
+        self.decay, self.min_samples = decay, min_samples
+        self._sums: dict[tuple[int, str], list[float]] = {}  # (bucket, arm) -> [w, w tokens/B, w seconds, n]
+
+    @staticmethod
+    def bucket(batch_size: int) -> int:
+        return round(2 * math.log2(max(batch_size, 1)))
+
+    def add(self, batch_size: int, arm: str, committed: int, seconds: float) -> None:
+        """One step of ``arm`` at ``batch_size`` that committed ``committed`` tokens in ``seconds``."""
+        s = self._sums.setdefault((self.bucket(batch_size), arm), [0.0, 0.0, 0.0, 0])
+        for i, v in enumerate((1.0, committed / batch_size, seconds)):
+            s[i] = self.decay * s[i] + v
+        s[3] += 1
+
+    def samples(self, batch_size: int, arm: str) -> int:
+        s = self._sums.get((self.bucket(batch_size), arm))
+        return 0 if s is None else int(s[3])
+
+    def rate(self, batch_size: int, arm: str) -> Optional[float]:
+        """Tokens per second per request (None until ``min_samples`` steps were seen)."""
+        s = self._sums.get((self.bucket(batch_size), arm))
+        return s[1] / s[2] if s is not None and s[3] >= self.min_samples and s[2] > 0 else None
+
+    def drafting_loses(self, batch_size: int) -> bool:
+        """Both arms measured at this load and drafting committed fewer tokens per second."""
+        plain, draft = self.rate(batch_size, "plain"), self.rate(batch_size, "draft")
+        return plain is not None and draft is not None and draft < plain
+
+
 class CostModelBudget:
     """Chooses each decode step's verification cap (see the module docstring).
 
@@ -190,9 +235,11 @@ class CostModelBudget:
         self.gain = CostCurve(decay, unit=1 / 8)  # G: accepted drafts per request vs drafted per request
         self.forwards = CostCurve(decay, unit=1 / 8)  # F: draft forwards per step vs drafted per request
         self.spend = CostCurve(decay, unit=1 / 8)  # S: drafted per request vs allowed per request
+        self.rates = RealisedRates()  # the served A/B test of the model's choice
         self.spec_steps = 0  # steps that drafted at least one depth
         self.steps = 0
-        self._pending: deque[tuple[int, float]] = deque(maxlen=8)  # (B, drafted per request) awaiting accept
+        self._arm: Optional[str] = None  # this step's side of the A/B test (None: warm-up or exploration)
+        self._pending: deque[tuple[int, float, Optional[str], float]] = deque(maxlen=8)  # (B, drafted, arm, s)
 
     # -- the model -----------------------------------------------------------------------------
     def spent(self, allowed: float) -> float:
@@ -237,12 +284,14 @@ class CostModelBudget:
     def cap(self, batch_size: int) -> int:
         """This step's verification cap, roots included (``<= max(K_max, B)``)."""
         self.steps += 1
+        self._arm = None
         if self.spec_steps < self.warmup or self.steps % self.explore_every == 0:
             return self.k_max
         B = batch_size
         depth = self.best_depth(B)
-        if depth > 0 and self.steps % self.plain_every == self.plain_every // 2:  # off the exploration steps
-            return B  # probe plain decoding (module docstring)
+        if depth > 0 and self._probing(B) != self.rates.drafting_loses(B):
+            depth = 0  # the other side's probe (module docstring), or drafting was measured slower
+        self._arm = "draft" if depth > 0 else "plain"
         k = min(self.k_max, B * (1 + depth))
         if depth == 0 or k >= self.k_max:
             return k
@@ -258,6 +307,14 @@ class CostModelBudget:
             else:
                 hi = mid - 1
         return lo
+
+    def _probing(self, batch_size: int) -> bool:
+        """Whether this step runs the side the decision did not pick: every ``plain_every``-th
+        step (off the exploration steps), every 4th while that side has too few samples here."""
+        every = self.plain_every
+        if min(self.rates.samples(batch_size, arm) for arm in RealisedRates.ARMS) < self.rates.min_samples:
+            every = min(every, 4)
+        return self.steps % every == every // 2
 
     def observe_step(self, *, batch_size: int, target_tokens: int, verified_tokens: int, draft_forwards: int,
                      draft_s: float, verify_s: float, step_s: float, cap: Optional[int] = None) -> None:
@@ -278,14 +335,17 @@ class CostModelBudget:
             self.rest.add(batch_size, max(step_s - verify_s - draft_s, 0.0))
         else:  # no draft depth: drafting was setup only, part of the step's fixed rest
             self.rest.add(batch_size, max(step_s - verify_s, 0.0))
-        self._pending.append((batch_size, drafted))
+        self._pending.append((batch_size, drafted, self._arm, step_s))
+        self._arm = None
 
     def observe_accept(self, accepted_drafts: Sequence[int]) -> None:
         """Accepted drafts per request of the oldest step not yet matched (bonus token excluded)."""
         if not self._pending:
             return
-        batch_size, drafted = self._pending.popleft()
+        batch_size, drafted, arm, step_s = self._pending.popleft()
         if batch_size != len(accepted_drafts):
             return  # not the batch that step drafted for: nothing to learn from it
+        if arm is not None:
+            self.rates.add(batch_size, arm, batch_size + sum(accepted_drafts), step_s)
         if drafted > 0:
             self.gain.add(drafted, sum(accepted_drafts) / batch_size)

@@ -102,7 +102,8 @@ def test_flat_verify_cost_spends_the_whole_budget():
         feed(budget, steps=6, B=B, depth=depth, accept=[0.8, 0.6, 0.45, 0.3], verify=lambda K: 0.02,
              draft_per_depth=0.001)
     assert budget.best_depth(8) == 4
-    assert budget.cap(8) == 64 and budget.cap(32) == 64  # flat verify: every token up to K_max is free
+    # flat verify: every token up to K_max is free; step 2 probes plain decoding (no plain step seen yet)
+    assert [budget.cap(8), budget.cap(32), budget.cap(32)] == [64, 32, 64]
 
 
 def test_tokens_below_the_knee_are_free():
@@ -131,6 +132,38 @@ def test_plain_steps_probe_the_alternative_while_drafting_pays():
     caps = [budget.cap(8) for _ in range(8)]  # calls 1..8: 2 and 6 plain, 8 explores
     assert caps == [48, 8, 48, 48, 48, 8, 48, 48]
     assert budget.best_depth(8) == 3
+
+
+def test_measured_rates_veto_drafting_the_model_favours():
+    """The model sees cheap verifies and a 'rest' it charges every depth alike, so it drafts; but
+    served, a drafting step takes 0.3 s for 2 tokens per request and a plain one 0.05 s for 1.
+    The A/B test of the two turns the steps plain, keeps probing drafting every ``plain_every``-th
+    step, and lets drafting back once it commits more per second."""
+    B, every = 8, 4
+    budget = CostModelBudget(k_max=48, max_depth=3, warmup=4, explore_every=1000, plain_every=every)
+    draft_s = [0.3]
+
+    def serve(steps: int) -> list[int]:
+        caps = []
+        for _ in range(steps):
+            cap = budget.cap(B)
+            drafted = cap > B
+            step_s = draft_s[0] if drafted else 0.05
+            budget.observe_step(batch_size=B, target_tokens=cap, verified_tokens=B * 2 if drafted else B,
+                                draft_forwards=int(drafted), draft_s=0.01 * drafted, verify_s=0.02, step_s=step_s,
+                                cap=cap)
+            budget.observe_accept([1] * B if drafted else [0] * B)
+            caps.append(cap)
+        return caps
+
+    serve(24)
+    assert budget.best_depth(B) > 0  # the model still says draft ...
+    assert budget.rates.drafting_loses(B)  # ... the served rates say 6.7 vs 20 tokens/s per request
+    assert sum(c > B for c in serve(8)) == 2  # drafting only on its probe steps
+    draft_s[0] = 0.06  # drafting now commits 33 tokens/s per request: the veto lifts
+    serve(40)
+    assert not budget.rates.drafting_loses(B)
+    assert sum(c > B for c in serve(8)) == 6  # plain only on its probe steps
 
 
 def test_accepts_are_matched_to_their_steps_in_order():
