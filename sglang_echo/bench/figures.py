@@ -46,6 +46,18 @@ def _runs(data: dict) -> list[dict]:
     return out
 
 
+def _pooled_rates(runs: list[dict]) -> dict[tuple[str, int], float]:
+    """Tokens/s per (config, concurrency), pooled over passes (``--repeats``): all tokens / all seconds."""
+    tokens: dict[tuple[str, int], float] = {}
+    seconds: dict[tuple[str, int], float] = {}
+    for r in runs:
+        key = (r["config"], r["concurrency"])
+        sec = r.get("seconds") or (r["completion_tokens"] / r["tokens_per_s"] if r.get("tokens_per_s") else 0.0)
+        tokens[key] = tokens.get(key, 0.0) + r.get("completion_tokens", r["tokens_per_s"] * sec)
+        seconds[key] = seconds.get(key, 0.0) + sec
+    return {k: tokens[k] / seconds[k] if seconds[k] else float("nan") for k in tokens}
+
+
 def _configs(runs: list[dict]) -> list[str]:
     seen: list[str] = []
     for r in runs:
@@ -107,7 +119,7 @@ def throughput(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
     if not runs:
         return None
     levels = sorted({r["concurrency"] for r in runs})
-    by = {(r["config"], r["concurrency"]): r["tokens_per_s"] for r in runs}
+    by = _pooled_rates(runs)
     configs = _configs(runs)
     color = _colors(plt, runs)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))

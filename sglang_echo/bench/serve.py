@@ -34,6 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Optional
 
 from ..integration.config import DRAFTERS
@@ -111,6 +112,7 @@ class Run:
     nominal_depth: int | None = None  # static trees' depth (EAGLE-3 num_steps); None: per request
     per_request: list[dict] = field(default_factory=list)  # request_record() of every request
     echo: dict | None = None  # echo_deltas() of the level (ECHO servers with metrics)
+    repeat: int = 0  # which pass over the configs (--repeats): speedups compare runs of one pass
 
     @property
     def tokens_per_s(self) -> float:
@@ -305,45 +307,72 @@ def run(args: argparse.Namespace) -> Report:
                   "concurrency": levels, "prompts": len(pool), "per_set": args.per_set,
                   "echo_drafter": args.echo_drafter, "calibration": args.calibration},
     )
-    reference: dict[int, list[list[int]]] = {}
-    for name in args.configs.split(","):
-        spec, knobs, _ = CONFIGS[name]
-        env = echo_env(name, args, pick)
-        head = heads.get(env.get("SGLANG_ECHO_DRAFTER", "eagle3")) if spec in ("eagle3", "echo") else None
-        if spec == "echo":
-            print(f"[echo-bench] {name}: drafter {env['SGLANG_ECHO_DRAFTER']}, "
-                  f"calibration {env.get('SGLANG_ECHO_CALIBRATION', 'none (paper gates)')}", flush=True)
-        opts = ServerOptions(model_path=model, port=args.port, spec=spec, draft_path=head,
-                             spec_options=knobs, dtype=args.dtype, max_running_requests=max(levels),
-                             enable_metrics=True, extra_env=tuple(env.items()))
-        nominal = knobs.num_steps if spec == "eagle3" else None
-        with SGLangServer(opts) as srv:
-            _one_level(srv.base_url, pool[:2], 2, 8)  # warm-up: first-request costs are not throughput
-            for c in levels:
-                n = max(c * args.rounds, c)
-                prompts = (pool * (1 + n // len(pool)))[:n]
-                sets = (datasets * (1 + n // len(datasets)))[:n]
-                before = scrape_echo_metrics(srv.base_url) if spec == "echo" else {}
-                seconds, outs, latencies = _one_level(srv.base_url, prompts, c, args.max_new)
-                after = scrape_echo_metrics(srv.base_url) if spec == "echo" else {}
-                ids = [o.output_ids for o in outs]
-                steps = sum(int(o.meta.get("spec_verify_ct", 0)) for o in outs)
-                # None: this is the reference, or the run has no `none` to compare with
-                lossless = None if name == "none" or c not in reference else ids == reference[c]
-                if name == "none":
-                    reference[c] = ids
-                per_request = [request_record(o.meta, o.output_ids, nominal, ds, lat)
-                               for o, ds, lat in zip(outs, sets, latencies)]
-                r = Run(name, c, len(prompts), seconds, sum(len(i) for i in ids), steps, lossless, srv.startup_seconds,
-                        nominal, per_request, echo_deltas(before, after))
-                report.runs.append(r)
-                print(_progress(r), flush=True)
+    bench = _Bench(args, model, heads, pick, levels, pool, datasets)
+    names = args.configs.split(",")
+    for rep in range(args.repeats):
+        # Alternate the order so that a drifting machine (shared VMs drift 10-30% over minutes) favours no config.
+        for name in names if rep % 2 == 0 else names[::-1]:
+            report.runs += _serve_config(bench, name, rep)
     return report
+
+
+@dataclass
+class _Bench:
+    """What every config's server is measured with."""
+
+    args: argparse.Namespace
+    model: Path
+    heads: dict[str, Path]
+    pick: Optional[Callable[[str], Optional[Path]]]
+    levels: list[int]
+    pool: list[str]  # prompt texts
+    datasets: list[str]  # each prompt's set
+    reference: dict[int, list[list[int]]] = field(default_factory=dict)  # none's output ids per level
+
+
+def _serve_config(bench: _Bench, name: str, rep: int) -> list[Run]:
+    """One config's server, measured at every concurrency level."""
+    args, pool, datasets = bench.args, bench.pool, bench.datasets
+    spec, knobs, _ = CONFIGS[name]
+    env = echo_env(name, args, bench.pick)
+    head = bench.heads.get(env.get("SGLANG_ECHO_DRAFTER", "eagle3")) if spec in ("eagle3", "echo") else None
+    if spec == "echo":
+        print(f"[echo-bench] {name}: drafter {env['SGLANG_ECHO_DRAFTER']}, "
+              f"calibration {env.get('SGLANG_ECHO_CALIBRATION', 'none (paper gates)')}", flush=True)
+    opts = ServerOptions(model_path=bench.model, port=args.port, spec=spec, draft_path=head,
+                         spec_options=knobs, dtype=args.dtype, max_running_requests=max(bench.levels),
+                         enable_metrics=True, extra_env=tuple(env.items()))
+    nominal = knobs.num_steps if spec == "eagle3" else None
+    runs = []
+    with SGLangServer(opts) as srv:
+        _one_level(srv.base_url, pool[:2], 2, 8)  # warm-up: first-request costs are not throughput
+        for c in bench.levels:
+            n = max(c * args.rounds, c)
+            prompts = (pool * (1 + n // len(pool)))[:n]
+            sets = (datasets * (1 + n // len(datasets)))[:n]
+            before = scrape_echo_metrics(srv.base_url) if spec == "echo" else {}
+            seconds, outs, latencies = _one_level(srv.base_url, prompts, c, args.max_new)
+            after = scrape_echo_metrics(srv.base_url) if spec == "echo" else {}
+            ids = [o.output_ids for o in outs]
+            steps = sum(int(o.meta.get("spec_verify_ct", 0)) for o in outs)
+            # None: this is the reference, or the run has no `none` to compare with
+            lossless = None if name == "none" or c not in bench.reference else ids == bench.reference[c]
+            if name == "none":
+                bench.reference.setdefault(c, ids)
+            per_request = [request_record(o.meta, o.output_ids, nominal, ds, lat)
+                           for o, ds, lat in zip(outs, sets, latencies)]
+            r = Run(name, c, len(prompts), seconds, sum(len(i) for i in ids), steps, lossless, srv.startup_seconds,
+                    nominal, per_request, echo_deltas(before, after), rep)
+            runs.append(r)
+            print(_progress(r), flush=True)
+    return runs
 
 
 def _progress(r: Run) -> str:
     mat = f"{r.mat:.2f}" if r.mat else "-"
     line = f"{r.config:>10} c={r.concurrency:<3} {r.tokens_per_s:7.2f} tok/s  MAT {mat:>5}  lossless {r.lossless}"
+    if r.repeat:
+        line = f"[pass {r.repeat + 1}] " + line
     u = r.utilisation
     if u:
         line += f"  u {u['median']:.2f} [{u['q1']:.2f}-{u['q3']:.2f}]"
@@ -355,12 +384,38 @@ def _progress(r: Run) -> str:
     return line
 
 
+def _label(r: Run) -> str:
+    return f"{r.config} (pass {r.repeat + 1})" if r.repeat else r.config
+
+
 def _f(x, fmt: str = ".2f", suffix: str = "") -> str:
     return "-" if x is None else f"{x:{fmt}}{suffix}"
 
 
+def speedups(runs: list[Run]) -> dict[tuple[str, int], list[float]]:
+    """Each config's tokens/s over ``none``'s at each level, one ratio per pass (``--repeats``)."""
+    base = {(r.repeat, r.concurrency): r.tokens_per_s for r in runs if r.config == "none"}
+    out: dict[tuple[str, int], list[float]] = {}
+    for r in runs:
+        if r.config != "none" and base.get((r.repeat, r.concurrency)):
+            out.setdefault((r.config, r.concurrency), []).append(r.tokens_per_s / base[r.repeat, r.concurrency])
+    return out
+
+
+def repeats_table(runs: list[Run]) -> list[str]:
+    """With several passes: each speedup per pass, and their median."""
+    ratios = speedups(runs)
+    if not any(len(v) > 1 for v in ratios.values()):
+        return []
+    out = ["Speedup vs none per pass (the order alternates between passes), and the median:", "",
+           "| config | concurrency | per pass | median | min |", "| --- | --- | --- | --- | --- |"]
+    for (name, c), rs in ratios.items():
+        out.append(f"| {name} | {c} | {' / '.join(f'{x:.2f}x' for x in rs)} | {statistics.median(rs):.2f}x | {min(rs):.2f}x |")
+    return out
+
+
 def markdown(report: Report) -> str:
-    base = {r.concurrency: r.tokens_per_s for r in report.runs if r.config == "none"}
+    base = {(r.repeat, r.concurrency): r.tokens_per_s for r in report.runs if r.config == "none"}
     lines = [
         f"Machine: {report.machine['platform']}, {report.machine['cpus']} CPUs. "
         f"Settings: {json.dumps(report.settings)}",
@@ -369,11 +424,13 @@ def markdown(report: Report) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in report.runs:
-        speed = f"{r.tokens_per_s / base[r.concurrency]:.2f}x" if r.concurrency in base else "-"
+        ref = base.get((r.repeat, r.concurrency))
+        speed = f"{r.tokens_per_s / ref:.2f}x" if ref else "-"
         mat = f"{r.mat:.2f}" if r.mat else "-"
         startup = f"{r.startup_seconds:.0f}" if r.startup_seconds else "-"
-        lines.append(f"| {r.config} | {r.concurrency} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | {startup} |")
-    for section in (utilisation_table(report.runs), budget_table(report.runs), table1(report.runs)):
+        lines.append(f"| {_label(r)} | {r.concurrency} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | {startup} |")
+    for section in (repeats_table(report.runs), utilisation_table(report.runs), budget_table(report.runs),
+                    table1(report.runs)):
         if section:
             lines += ["", *section]
     return "\n".join(lines) + "\n"
@@ -391,7 +448,7 @@ def utilisation_table(runs: list[Run]) -> list[str]:
     for r in rows:
         u = r.utilisation
         depth = quartiles([x["depth"] for x in r.per_request if x.get("depth") is not None])
-        out.append(f"| {r.config} | {r.concurrency} | {u['n']} | {_f(depth and depth['median'])} | {u['median']:.2f} | "
+        out.append(f"| {_label(r)} | {r.concurrency} | {u['n']} | {_f(depth and depth['median'])} | {u['median']:.2f} | "
                    f"{u['q1']:.2f}-{u['q3']:.2f} | {u['p5']:.2f}-{u['p95']:.2f} | {u['mean']:.2f} |")
     return out
 
@@ -410,7 +467,7 @@ def budget_table(runs: list[Run]) -> list[str]:
         e = r.echo
         share = e.get("control_share")
         ok = "-" if share is None else ("yes" if share <= CONTROL_GOAL else "no")
-        out.append(f"| {r.config} | {r.concurrency} | {e['steps']:.0f} | {_f(e.get('verified_per_step'), '.1f')} | "
+        out.append(f"| {_label(r)} | {r.concurrency} | {e['steps']:.0f} | {_f(e.get('verified_per_step'), '.1f')} | "
                    f"{_f(e.get('step_verified_max'), '.0f')} | {_f(e.get('k_max'), '.0f')} | "
                    f"{_f(e.get('cap_per_step'), '.1f')} | {_f(e.get('step_ms'))} | "
                    f"{_f(e.get('control_ms'), '.3f')} | {_f(share and 100 * share, '.2f', '%')} | {ok} |")
@@ -436,11 +493,11 @@ def table1(runs: list[Run]) -> list[str]:
         sec = sum(x["seconds"] for x in xs)
         return sum(x["tokens"] for x in xs) / sec if sec else None
 
-    base = next((r for r in level if r.config == "none"), None)
     head = "| config | " + " | ".join(f"{s} MAT | {s} speedup" for s in sets) + " | avg speedup |"
     out = [f"Per prompt set at concurrency {c} (ECHO Table 1's shape; speedup vs none from per-request latency):", "",
            head, "|" + " --- |" * (2 + 2 * len(sets))]
     for r in level:
+        base = next((b for b in level if b.config == "none" and b.repeat == r.repeat), None)
         cells, speeds = [], []
         for ds in sets:
             xs = [x for x in r.per_request if x.get("dataset") == ds]
@@ -452,7 +509,7 @@ def table1(runs: list[Run]) -> list[str]:
                 speeds.append(sp)
             cells += [_f(mat), _f(sp, ".2f", "x")]
         avg = statistics.fmean(speeds) if speeds else None
-        out.append(f"| {r.config} | " + " | ".join(cells) + f" | {_f(avg, '.2f', 'x')} |")
+        out.append(f"| {_label(r)} | " + " | ".join(cells) + f" | {_f(avg, '.2f', 'x')} |")
     return out
 
 
@@ -461,6 +518,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--configs", default="none,ngram,eagle3,echo", help=f"comma list of {','.join(CONFIGS)}")
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--rounds", type=int, default=1, help="requests per level = concurrency x rounds")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="passes over the configs, alternating their order; speedups compare runs of one pass")
     ap.add_argument("--per-set", type=int, default=10, help="prompts taken from each prompt set")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--dtype", default="float32", help="float32 keeps the token-for-token check exact")

@@ -266,12 +266,15 @@ class CostModelBudget:
 
     def expected_rate(self, batch_size: int, depth: int) -> float:
         """Expected tokens per second of a step whose cap allows ``depth`` tokens per request (the objective)."""
-        seconds = self.step_seconds(batch_size, depth)
-        return batch_size * (1.0 + self.expected_gain(self.spent(depth))) / seconds if seconds > 0 else 0.0
+        drafted = self.spent(depth)
+        seconds = self._seconds(batch_size, drafted)
+        return batch_size * (1.0 + self.expected_gain(drafted)) / seconds if seconds > 0 else 0.0
 
     def step_seconds(self, batch_size: int, depth: int) -> float:
         """Predicted seconds of a step whose cap allows ``depth`` tokens per request."""
-        B, drafted = batch_size, self.spent(depth)
+        return self._seconds(batch_size, self.spent(depth))
+
+    def _seconds(self, B: int, drafted: float) -> float:
         return (self.verify.predict(self.target_tokens(B * (1 + drafted), B))
                 + self.draft_forwards(drafted) * self.draft.predict(B) + self.rest.predict(B))
 

@@ -165,7 +165,7 @@ class EchoMetrics:
         self._m["k_max"].set(self.cfg.k_max)
 
     def on_step(self, st, target_tokens: int) -> None:
-        total = int(st.sizes.sum())
+        total = st.verified
         cap = self.cfg.k_max if st.cap is None else st.cap
         slots = int(st.sizes.numel()) * st.width
         self.totals["verified"] += total
@@ -229,11 +229,11 @@ class EchoMetrics:
         if self._m is not None:
             self._m["exceeded"].inc()
 
-    def check_budget(self, policy, k_max: int, sizes) -> None:
+    def check_budget(self, policy, k_max: int, st) -> None:
         """Count (and log) a step of a budgeted policy that verified over max(K_max, bs) (Eq. 4)."""
         if not getattr(policy, "budgeted", False):
             return
-        total, bs = int(sizes.sum()), sizes.numel()
+        total, bs = st.verified, st.sizes.numel()
         if total > max(k_max, bs):
             self.budget_exceeded()
             log.error("ECHO: step verified %d tokens for %d requests, over the budget max(K_max=%d, bs)", total, bs, k_max)

@@ -150,6 +150,7 @@ class NgramStep:
     depths: torch.Tensor | None = None  # [bs] deepest node of each request's tree
     cap: int | None = None  # this step's verification cap (None: the configured K_max)
     width: int = 0  # the padded verify width W the step was laid out in
+    verified: int = 0  # sum K_i, roots included
     control_s: float = 0.0  # build_trees minus the drafters' propose, plus packing (see .metrics)
     propose_s: float = 0.0  # inside the drafters' propose (n-gram lookups)
     draft_s: float = 0.0  # set by the worker: its drafting phase minus control_s
@@ -173,7 +174,7 @@ def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Te
     mask = dense.tree_mask.reshape(-1).numpy()
     step.propose_s = drafter.seconds
     step.control_s = time.perf_counter() - t0 - drafter.seconds
-    step.depths, step.cap, step.width = trees.max_depth(), k_max, width
+    step.depths, step.cap, step.width, step.verified = trees.max_depth(), k_max, width, int(dense.sizes.sum())
     return tokens, mask, step
 
 
@@ -368,11 +369,11 @@ def _define_worker():
                     self.echo_probe.on_verify(forward_tokens,
                                               time.perf_counter() - t0 - self._echo_draft_s)
                 result.cap_lens = st.sizes.to(self.device)
-                self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st.sizes)
+                self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st)
                 self.echo_metrics.on_step(st, forward_tokens)
                 if self.echo_budget is not None:
                     self.echo_budget.observe_step(
-                        batch_size=st.sizes.numel(), target_tokens=forward_tokens, verified_tokens=int(st.sizes.sum()),
+                        batch_size=st.sizes.numel(), target_tokens=forward_tokens, verified_tokens=st.verified,
                         draft_forwards=st.draft_forwards, draft_s=st.draft_s + st.control_s,
                         verify_s=step_s - st.prepare_s, step_s=step_s, cap=st.cap)
             return result

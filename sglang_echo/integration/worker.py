@@ -73,6 +73,7 @@ class EchoStepState:
 
     def __init__(self) -> None:
         self.sizes: Optional[torch.Tensor] = None  # [bs] int32 K_i
+        self.verified = 0  # sum K_i, roots included
         self.gate_evaluated: Optional[torch.Tensor] = None
         self.gate_passed: Optional[torch.Tensor] = None
         self.draft_forwards = 0
@@ -166,6 +167,7 @@ class EchoDraftWorker(EagleDraftWorker):
         trees, state = build_trees(policy, drafter, roots, k_max=st.cap)
         t_pack = time.perf_counter()  # control: [t_build, t_pack) minus propose, then packing
         st.sizes = trees.sizes.to(torch.int32)
+        st.verified = int(st.sizes.sum())
         st.width = width = self.step_width(st.sizes)
         st.gate_evaluated, st.gate_passed = state.gate_evaluated, state.gate_passed
         st.draft_forwards = drafter.forwards
@@ -376,7 +378,7 @@ class EchoWorker(EAGLEWorkerV2):
             self.echo_metrics.on_timing(control=st.control_s, draft=st.draft_s, verify=st.verify_s, step=step_s)
             if self.echo_budget is not None:
                 self.echo_budget.observe_step(
-                    batch_size=st.sizes.numel(), target_tokens=st.forward_tokens, verified_tokens=int(st.sizes.sum()),
+                    batch_size=st.sizes.numel(), target_tokens=st.forward_tokens, verified_tokens=st.verified,
                     draft_forwards=st.draft_forwards, draft_s=st.draft_s + st.control_s, verify_s=st.verify_s,
                     step_s=step_s, cap=st.cap)
         return result
@@ -394,7 +396,7 @@ class EchoWorker(EAGLEWorkerV2):
         st.verify_s = time.perf_counter() - t0
         st.forward_tokens = forward_tokens
         result.cap_lens = st.sizes
-        self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st.sizes)
+        self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st)
         self.echo_metrics.on_step(st, forward_tokens)
         return result
 

@@ -15,6 +15,7 @@ from sglang_echo.bench.serve import (
     quartiles,
     report_from_json,
     request_record,
+    speedups,
 )
 
 # What an ECHO server's /generate returns for one request: 3 verify steps with trees of depth
@@ -104,6 +105,20 @@ def test_markdown_tables():
     # Table 1's shape: per prompt set at the lowest concurrency, MAT and speedup vs none
     assert "| config | chat MAT | chat speedup | math MAT | math speedup | avg speedup |" in md
     assert "1.20x" in md
+
+
+def test_passes_compare_within_a_pass():
+    """--repeats: each pass's speedup is against that pass's none (the machine drifts between
+    passes), and a summary gives every pass and the median."""
+    runs = []
+    for rep, (none_tps, echo_tps) in enumerate(((40.0, 44.0), (30.0, 36.0), (50.0, 50.0))):
+        runs += [Run("none", 8, 8, 64 / none_tps, 64, 0, None, repeat=rep),
+                 Run("echo", 8, 8, 64 / echo_tps, 64, 32, True, repeat=rep)]
+    assert speedups(runs)[("echo", 8)] == pytest.approx([1.1, 1.2, 1.0])
+    md = markdown(Report({"platform": "test", "cpus": 2}, {}, runs))
+    assert "| echo (pass 2) | 8 | 36.00 | 1.20x |" in md
+    assert "| echo | 8 | 1.10x / 1.20x / 1.00x | 1.10x | 1.00x |" in md
+    assert "per pass" not in markdown(Report({"platform": "test", "cpus": 2}, {}, runs[:2]))  # one pass: no summary
 
 
 def test_json_round_trip_and_old_files(tmp_path):
