@@ -33,6 +33,7 @@ from torch import Tensor
 
 ENV = "SGLANG_ECHO_PACKED_LINEAR"
 _DTYPES = (torch.float32, torch.bfloat16)
+_UNSUPPORTED: set[torch.dtype] = set()  # dtypes this CPU's oneDNN cannot pack
 # LM-head methods sglang computes as a plain matmul (its ``_UNQUANTIZED_LM_HEAD_METHODS``, plus ours)
 _PLAIN_LM_HEAD_METHODS = {"UnquantizedEmbeddingMethod", "UnquantizedLinearMethod", "PackedLinearMethod", "NoneType"}
 
@@ -74,9 +75,14 @@ def _packed_for(module: Any, weight: Tensor) -> Optional[Tensor]:
     """The module's packed copy of ``weight`` (made or re-made when missing or stale)."""
     pw = module.__dict__.get("echo_packed_weight")
     if pw is None or not pw.fresh(weight):
-        if not _packable(weight):
+        if not _packable(weight) or weight.dtype in _UNSUPPORTED:
             return None
-        pw = module.__dict__["echo_packed_weight"] = PackedWeight(weight)
+        try:
+            pw = PackedWeight(weight)
+        except RuntimeError:  # oneDNN lacks this dtype's path on this CPU (bf16 needs AVX-512 or AVX-NE-CONVERT)
+            _UNSUPPORTED.add(weight.dtype)  # F.linear from now on, without retrying every call
+            return None
+        module.__dict__["echo_packed_weight"] = pw
     return pw.packed
 
 
