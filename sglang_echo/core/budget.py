@@ -98,6 +98,11 @@ class LineFit:
         return intercept + slope * x
 
 
+def half_octave(x: float) -> int:
+    """The bucket of a size: sizes within a factor of about 1.4 share one (sizes <= 1 share 0)."""
+    return round(2 * math.log2(max(x, 1.0)))
+
+
 class CostCurve:
     """A cost against a size, as measured: exponentially weighted means per half-octave of x,
     joined piecewise-linearly (and made non-decreasing: :func:`isotonic`), extended past the measured range with a
@@ -114,7 +119,7 @@ class CostCurve:
 
     def add(self, x: float, y: float) -> None:
         self.line.add(x, y)
-        b = self._buckets.setdefault(round(2 * math.log2(max(x / self.unit, 1.0))), [0.0, 0.0, 0.0])
+        b = self._buckets.setdefault(half_octave(x / self.unit), [0.0, 0.0, 0.0])
         for i, v in enumerate((1.0, x, y)):
             b[i] = self.decay * b[i] + v
         self._joined = None
@@ -184,24 +189,20 @@ class RealisedRates:
         self.decay, self.min_samples = decay, min_samples
         self._sums: dict[tuple[int, str], list[float]] = {}  # (bucket, arm) -> [w, w tokens/B, w seconds, n]
 
-    @staticmethod
-    def bucket(batch_size: int) -> int:
-        return round(2 * math.log2(max(batch_size, 1)))
-
     def add(self, batch_size: int, arm: str, committed: int, seconds: float) -> None:
         """One step of ``arm`` at ``batch_size`` that committed ``committed`` tokens in ``seconds``."""
-        s = self._sums.setdefault((self.bucket(batch_size), arm), [0.0, 0.0, 0.0, 0])
+        s = self._sums.setdefault((half_octave(batch_size), arm), [0.0, 0.0, 0.0, 0])
         for i, v in enumerate((1.0, committed / batch_size, seconds)):
             s[i] = self.decay * s[i] + v
         s[3] += 1
 
     def samples(self, batch_size: int, arm: str) -> int:
-        s = self._sums.get((self.bucket(batch_size), arm))
+        s = self._sums.get((half_octave(batch_size), arm))
         return 0 if s is None else int(s[3])
 
     def rate(self, batch_size: int, arm: str) -> Optional[float]:
         """Tokens per second per request (None until ``min_samples`` steps were seen)."""
-        s = self._sums.get((self.bucket(batch_size), arm))
+        s = self._sums.get((half_octave(batch_size), arm))
         return s[1] / s[2] if s is not None and s[3] >= self.min_samples and s[2] > 0 else None
 
     def drafting_loses(self, batch_size: int) -> bool:
