@@ -52,9 +52,8 @@ def _pooled_rates(runs: list[dict]) -> dict[tuple[str, int], float]:
     seconds: dict[tuple[str, int], float] = {}
     for r in runs:
         key = (r["config"], r["concurrency"])
-        sec = r.get("seconds") or (r["completion_tokens"] / r["tokens_per_s"] if r.get("tokens_per_s") else 0.0)
-        tokens[key] = tokens.get(key, 0.0) + r.get("completion_tokens", r["tokens_per_s"] * sec)
-        seconds[key] = seconds.get(key, 0.0) + sec
+        tokens[key] = tokens.get(key, 0.0) + r["completion_tokens"]
+        seconds[key] = seconds.get(key, 0.0) + r["seconds"]
     return {k: tokens[k] / seconds[k] if seconds[k] else float("nan") for k in tokens}
 
 
@@ -241,7 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out) if args.out else folder
     written = render(data, out)
     if args.markdown:
-        from .serve import markdown, report_from_json
+        from .serve import report_from_json
+        from .serve_tables import markdown
 
         (out / "serve.md").write_text(markdown(report_from_json(data)))
         written.append(out / "serve.md")

@@ -15,8 +15,8 @@ from sglang_echo.bench.serve import (
     quartiles,
     report_from_json,
     request_record,
-    speedups,
 )
+from sglang_echo.bench.serve_tables import speedups
 
 # What an ECHO server's /generate returns for one request: 3 verify steps with trees of depth
 # 4, 2 and 0 (root only); 1 prefill token + 7 committed by the steps.

@@ -1,0 +1,164 @@
+"""`echo-bench serve`'s Markdown report: the main table (speedup against the ``none`` of the
+same pass), the per-pass summary (``--repeats``), draft utilisation, ECHO's per-step budget and
+control share, and ECHO Table 1's per-prompt-set shape."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import TYPE_CHECKING
+
+from .figures import CONTROL_GOAL  # issue 8: control overhead <= 3% of step time at every batch size
+
+if TYPE_CHECKING:
+    from .serve import Report, Run
+
+
+def quartiles(values: list[float]) -> dict | None:
+    """n, mean, 5/25/50/75/95th percentiles (ECHO Fig. 4's box and whiskers); None if empty."""
+    v = sorted(float(x) for x in values)
+    if not v:
+        return None
+
+    def pct(p: float) -> float:  # linear interpolation between closest ranks
+        k = (len(v) - 1) * p
+        lo = int(k)
+        hi = min(lo + 1, len(v) - 1)
+        return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+    return {"n": len(v), "mean": statistics.fmean(v), "p5": pct(0.05), "q1": pct(0.25), "median": pct(0.5),
+            "q3": pct(0.75), "p95": pct(0.95)}
+
+
+def _label(r: Run) -> str:
+    return f"{r.config} (pass {r.repeat + 1})" if r.repeat else r.config
+
+
+def _f(x, fmt: str = ".2f", suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{fmt}}{suffix}"
+
+
+def none_rates(runs: list[Run]) -> dict[tuple[int, int], float]:
+    """``none``'s tokens/s per (pass, concurrency): what every speedup is taken against."""
+    return {(r.repeat, r.concurrency): r.tokens_per_s for r in runs if r.config == "none"}
+
+
+def speedups(runs: list[Run]) -> dict[tuple[str, int], list[float]]:
+    """Each config's tokens/s over ``none``'s at each level, one ratio per pass (``--repeats``)."""
+    base = none_rates(runs)
+    out: dict[tuple[str, int], list[float]] = {}
+    for r in runs:
+        if r.config != "none" and base.get((r.repeat, r.concurrency)):
+            out.setdefault((r.config, r.concurrency), []).append(r.tokens_per_s / base[r.repeat, r.concurrency])
+    return out
+
+
+def repeats_table(runs: list[Run]) -> list[str]:
+    """With several passes: each speedup per pass, and their median."""
+    ratios = speedups(runs)
+    if not any(len(v) > 1 for v in ratios.values()):
+        return []
+    out = ["Speedup vs none per pass (the order alternates between passes), and the median:", "",
+           "| config | concurrency | per pass | median | min |", "| --- | --- | --- | --- | --- |"]
+    for (name, c), rs in ratios.items():
+        out.append(f"| {name} | {c} | {' / '.join(f'{x:.2f}x' for x in rs)} | {statistics.median(rs):.2f}x | {min(rs):.2f}x |")
+    return out
+
+
+def markdown(report: Report) -> str:
+    base = none_rates(report.runs)
+    lines = [
+        f"Machine: {report.machine['platform']}, {report.machine['cpus']} CPUs. "
+        f"Settings: {json.dumps(report.settings)}",
+        "",
+        "| config | concurrency | tokens/s | speedup vs none | MAT | lossless vs none | startup s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in report.runs:
+        ref = base.get((r.repeat, r.concurrency))
+        speed = f"{r.tokens_per_s / ref:.2f}x" if ref else "-"
+        mat = f"{r.mat:.2f}" if r.mat else "-"
+        startup = f"{r.startup_seconds:.0f}" if r.startup_seconds else "-"
+        lines.append(f"| {_label(r)} | {r.concurrency} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | {startup} |")
+    for section in (repeats_table(report.runs), utilisation_table(report.runs), budget_table(report.runs),
+                    table1(report.runs)):
+        if section:
+            lines += ["", *section]
+    return "\n".join(lines) + "\n"
+
+
+def utilisation_table(runs: list[Run]) -> list[str]:
+    """Per-request draft utilisation u = MAT / depth (ECHO Fig. 4: box = quartiles, whiskers p5-p95)."""
+    rows = [r for r in runs if r.utilisation]
+    if not rows:
+        return []
+    out = [("Draft utilisation per request, u = MAT / depth (MAT includes the bonus token; depth: ECHO's "
+            "mean tree depth per step, EAGLE-3's num_steps):"), "",
+           "| config | concurrency | requests | depth (median) | u median | u q1-q3 | u p5-p95 | u mean |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        u = r.utilisation
+        depth = quartiles([x["depth"] for x in r.per_request if x.get("depth") is not None])
+        out.append(f"| {_label(r)} | {r.concurrency} | {u['n']} | {_f(depth and depth['median'])} | {u['median']:.2f} | "
+                   f"{u['q1']:.2f}-{u['q3']:.2f} | {u['p5']:.2f}-{u['p95']:.2f} | {u['mean']:.2f} |")
+    return out
+
+
+def budget_table(runs: list[Run]) -> list[str]:
+    """ECHO servers: verified tokens per step vs K_max, and the control plane's share of the step."""
+    rows = [r for r in runs if r.echo]
+    if not rows:
+        return []
+    out = [(f"ECHO per step (from the echo_* counters; control = gating + scheduling + packing, goal <= "
+            f"{100 * CONTROL_GOAL:.0f}% of the step):"), "",
+           ("| config | concurrency | steps | verified tokens/step | max so far | K_max | mean cap | step ms | "
+            "control ms | control share | <= 3% |"),
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        e = r.echo
+        share = e.get("control_share")
+        ok = "-" if share is None else ("yes" if share <= CONTROL_GOAL else "no")
+        out.append(f"| {_label(r)} | {r.concurrency} | {e['steps']:.0f} | {_f(e.get('verified_per_step'), '.1f')} | "
+                   f"{_f(e.get('step_verified_max'), '.0f')} | {_f(e.get('k_max'), '.0f')} | "
+                   f"{_f(e.get('cap_per_step'), '.1f')} | {_f(e.get('step_ms'))} | "
+                   f"{_f(e.get('control_ms'), '.3f')} | {_f(share and 100 * share, '.2f', '%')} | {ok} |")
+    return out
+
+
+def table1(runs: list[Run]) -> list[str]:
+    """ECHO Table 1's shape at the lowest concurrency: MAT and speedup per prompt set, per config.
+
+    Speedup per set = (its tokens / its summed request latency) against ``none`` on the same
+    prompts; meaningful at concurrency 1, where requests run one at a time.
+    """
+    if not runs:
+        return []
+    c = min(r.concurrency for r in runs)
+    level = [r for r in runs if r.concurrency == c and r.per_request and "dataset" in r.per_request[0]]
+    if not level:
+        return []
+    sets = sorted({x["dataset"] for r in level for x in r.per_request})
+
+    def rate(r: Run, ds: str) -> float | None:
+        xs = [x for x in r.per_request if x.get("dataset") == ds and x.get("seconds")]
+        sec = sum(x["seconds"] for x in xs)
+        return sum(x["tokens"] for x in xs) / sec if sec else None
+
+    head = "| config | " + " | ".join(f"{s} MAT | {s} speedup" for s in sets) + " | avg speedup |"
+    out = [f"Per prompt set at concurrency {c} (ECHO Table 1's shape; speedup vs none from per-request latency):", "",
+           head, "|" + " --- |" * (2 + 2 * len(sets))]
+    for r in level:
+        base = next((b for b in level if b.config == "none" and b.repeat == r.repeat), None)
+        cells, speeds = [], []
+        for ds in sets:
+            xs = [x for x in r.per_request if x.get("dataset") == ds]
+            steps = sum(x["verify_ct"] for x in xs)
+            mat = sum(x["tokens"] for x in xs) / steps if steps else None
+            mine, ref = rate(r, ds), (rate(base, ds) if base else None)
+            sp = mine / ref if mine and ref else None
+            if sp is not None:
+                speeds.append(sp)
+            cells += [_f(mat), _f(sp, ".2f", "x")]
+        avg = statistics.fmean(speeds) if speeds else None
+        out.append(f"| {_label(r)} | " + " | ".join(cells) + f" | {_f(avg, '.2f', 'x')} |")
+    return out
