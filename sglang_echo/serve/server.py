@@ -11,6 +11,7 @@ group -- also when start-up fails or the test process is interrupted.
 from __future__ import annotations
 
 import atexit
+import http.client
 import os
 import signal
 import socket
@@ -41,8 +42,16 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
             return False
 
 
+# Linux hands out client ports from 32768 up (net.ipv4.ip_local_port_range). Polling a port in
+# that range before the server listens can connect the socket to itself (TCP simultaneous open):
+# the health check then reads back its own request. Servers we start listen below it.
+EPHEMERAL_PORTS_START = 32768
+
+
 def find_free_port_pair(lo: int = 32000, hi: int = 32099, host: str = "127.0.0.1") -> int:
     """Lowest even port p in [lo, hi) with p and p+1 free (HTTP + sglang's rendezvous port)."""
+    if hi > EPHEMERAL_PORTS_START:
+        raise ValueError(f"port range {lo}-{hi} reaches the ephemeral ports (>= {EPHEMERAL_PORTS_START})")
     for p in range(lo + (lo % 2), hi, 2):
         if port_is_free(p, host) and port_is_free(p + 1, host):
             return p
@@ -101,10 +110,11 @@ class SGLangServer:
         _LIVE.add(self)
 
     def healthy(self, timeout: float = 5.0) -> bool:
+        """True once GET health_path answers 200; anything else, a reply that is not HTTP included, is False."""
         try:
             with urllib.request.urlopen(self.url(self.health_path), timeout=timeout) as r:
                 return r.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
             return False
 
     def wait_healthy(self) -> float:

@@ -1,6 +1,6 @@
 """Fixtures for the ECHO integration tests: tiny artefacts and real sglang servers.
 
-Ports come from 33000-33099 (pairs: HTTP + sglang's rendezvous port), bound to 127.0.0.1.
+Ports come from 32100-32199 (pairs: HTTP + sglang's rendezvous port), bound to 127.0.0.1.
 Every drafter runs echo, chain and static-tree in a server. The other policies (``echo_matrix``)
 are drafter-agnostic in the core, so by default each runs with one drafter (:data:`DEFAULT_PAIRS`:
 every policy and every drafter still meet a server, in a CI-sized run);
@@ -132,9 +132,9 @@ def _vocab(model: Path) -> int:
 
 def start(model: Path, *, spec: str = "none", draft: Path | None = None, env: dict | None = None,
           enable_metrics: bool = True, tag: str = "") -> SGLangServer:
-    """Start (and wait for) a CPU server on a free port pair in 33000-33099; caller stops it."""
+    """Start (and wait for) a CPU server on a free port pair in 32100-32199; caller stops it."""
     return launch_test_server(
-        (33000, 33099), f"integration-{tag or spec}",
+        (32100, 32199), f"integration-{tag or spec}",
         model_path=model, spec=spec, draft_path=draft, spec_options=SPEC, dtype="float32",
         enable_metrics=enable_metrics, max_total_tokens=8192, context_length=1024,
         extra_env=tuple(sorted((env or {}).items())),

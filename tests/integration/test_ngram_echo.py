@@ -256,7 +256,7 @@ def _start(model: Path, *, spec: str = "none", env: dict | None = None, tag: str
     from ..conftest import launch_test_server
 
     return launch_test_server(
-        (33000, 33099), f"ngram-echo-{tag or spec}",
+        (32100, 32199), f"ngram-echo-{tag or spec}",
         model_path=model, spec=spec, dtype="float32", enable_metrics=spec != "none",
         max_total_tokens=8192, context_length=1024, extra_env=tuple(sorted((env or {}).items())),
     )

@@ -236,7 +236,7 @@ def test_errors_are_counted_by_kind(tmp_path: Path, failure: str, kinds: set[str
 
 @pytest.mark.server
 def test_smoke_against_sglang(smollm2_dir: Path, tmp_path: Path) -> None:
-    srv = launch_test_server((34000, 34099), "loadtest", model_path=smollm2_dir, spec="none")
+    srv = launch_test_server((32200, 32299), "loadtest", model_path=smollm2_dir, spec="none")
     try:
         assert main(["--host", srv.base_url, "--smoke", "--out", str(tmp_path)]) == 0
     finally:

@@ -52,7 +52,7 @@ def test_replay_equals_the_server(tmp_path):
     stem = tmp_path / "trace"
     main(["record", "--target", str(model), "--drafter", "ngram", "--prompts", "chat,humaneval", "--num-prompts", "1",
           "--max-new", "48", "--depth", "6", "--width", "4", "--beams", "1,4", "--batch", "2", "--out", str(stem)])
-    port = find_free_port_pair(34100, 34199)
+    port = find_free_port_pair(32300, 32399)
     out = tmp_path / "server.json"
     # Exits 1 on any mismatch (after printing it and writing the rows).
     main(["validate-server", "--trace", str(stem), "--num-prompts", "2", "--port", str(port),

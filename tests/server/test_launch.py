@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from sglang_echo.serve.flags import (
     build_command,
     echo_plugin_available,
 )
-from sglang_echo.serve.server import SGLangServer, ServerStartError
+from sglang_echo.serve.server import SGLangServer, ServerStartError, find_free_port_pair
 
 
 def _launch(*args: str) -> subprocess.CompletedProcess[str]:
@@ -111,3 +113,25 @@ def test_failed_start_is_reported_and_cleaned_up(tmp_path: Path) -> None:
             pass
     assert "exited with code" in str(ei.value)
     assert srv.proc is None
+
+
+def test_a_reply_that_is_not_http_is_not_healthy(tmp_path: Path) -> None:
+    """A socket that echoes the request back (what a TCP self-connect looks like) is 'not yet', not a crash."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def echo_once() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.sendall(conn.recv(4096))
+
+        threading.Thread(target=echo_once, daemon=True).start()
+        port = listener.getsockname()[1]
+        srv = SGLangServer(ServerOptions(model_path=tmp_path, port=port, device="cpu"))
+        assert srv.healthy(timeout=5) is False
+
+
+def test_server_ports_stay_below_the_ephemeral_range() -> None:
+    with pytest.raises(ValueError, match="ephemeral"):
+        find_free_port_pair(33000, 33099)
