@@ -14,6 +14,12 @@ from sglang_echo.serve.server import SGLangServer, find_free_port_pair
 
 STARTUP_TIMEOUT = float(os.environ.get("SGLANG_ECHO_TEST_STARTUP_TIMEOUT", "600"))
 LOG_DIR = Path(os.environ.get("SGLANG_ECHO_TEST_LOG_DIR", "/tmp/sglang-echo-test-logs"))
+# Each suite's server ports (pairs: HTTP + sglang's rendezvous port), all below Linux's ephemeral
+# ports, which find_free_port_pair refuses (see sglang_echo.serve.server).
+SERVER_PORTS = (32000, 32099)
+INTEGRATION_PORTS = (32100, 32199)
+LOADTEST_PORTS = (32200, 32299)
+REPLAY_PORTS = (32300, 32399)
 # Suites of tiny random models: they run ~30x faster on one thread than on a busy multi-core box.
 ONE_THREAD_SUITES = ("drafters", "training", "eval", "replay")
 

@@ -1,6 +1,6 @@
 """Fixtures for the ECHO integration tests: tiny artefacts and real sglang servers.
 
-Ports come from 32100-32199 (pairs: HTTP + sglang's rendezvous port), bound to 127.0.0.1.
+Ports come from ``INTEGRATION_PORTS`` (tests/conftest.py), bound to 127.0.0.1.
 Every drafter runs echo, chain and static-tree in a server. The other policies (``echo_matrix``)
 are drafter-agnostic in the core, so by default each runs with one drafter (:data:`DEFAULT_PAIRS`:
 every policy and every drafter still meet a server, in a CI-sized run);
@@ -24,7 +24,7 @@ from sglang_echo.serve.client import Generation, generate
 from sglang_echo.serve.flags import SpecOptions
 from sglang_echo.serve.server import SGLangServer
 
-from ..conftest import launch_test_server
+from ..conftest import INTEGRATION_PORTS, launch_test_server
 
 CACHE = Path(os.environ.get("SGLANG_ECHO_TEST_CACHE", cache_root() / "integration"))
 # ECHO's speculative shape for the server tests: depth 4, W_max 2, padded width 7.
@@ -132,9 +132,9 @@ def _vocab(model: Path) -> int:
 
 def start(model: Path, *, spec: str = "none", draft: Path | None = None, env: dict | None = None,
           enable_metrics: bool = True, tag: str = "") -> SGLangServer:
-    """Start (and wait for) a CPU server on a free port pair in 32100-32199; caller stops it."""
+    """Start (and wait for) a CPU server on a free port pair in INTEGRATION_PORTS; caller stops it."""
     return launch_test_server(
-        (32100, 32199), f"integration-{tag or spec}",
+        INTEGRATION_PORTS, f"integration-{tag or spec}",
         model_path=model, spec=spec, draft_path=draft, spec_options=SPEC, dtype="float32",
         enable_metrics=enable_metrics, max_total_tokens=8192, context_length=1024,
         extra_env=tuple(sorted((env or {}).items())),

@@ -253,10 +253,10 @@ def reference(smollm2_reference) -> list[Generation]:
 
 
 def _start(model: Path, *, spec: str = "none", env: dict | None = None, tag: str = ""):
-    from ..conftest import launch_test_server
+    from ..conftest import INTEGRATION_PORTS, launch_test_server
 
     return launch_test_server(
-        (32100, 32199), f"ngram-echo-{tag or spec}",
+        INTEGRATION_PORTS, f"ngram-echo-{tag or spec}",
         model_path=model, spec=spec, dtype="float32", enable_metrics=spec != "none",
         max_total_tokens=8192, context_length=1024, extra_env=tuple(sorted((env or {}).items())),
     )

@@ -17,7 +17,7 @@ from loadtests.measure import Sample, measure_json, measure_stream
 from loadtests.run import SMOKE, main, parse_args
 from loadtests.summary import summarise
 
-from ..conftest import launch_test_server
+from ..conftest import LOADTEST_PORTS, launch_test_server
 from .fake_openai import FakeConfig, FakeOpenAI
 
 TOKENS = 5  # max_tokens of the fake sweeps
@@ -236,7 +236,7 @@ def test_errors_are_counted_by_kind(tmp_path: Path, failure: str, kinds: set[str
 
 @pytest.mark.server
 def test_smoke_against_sglang(smollm2_dir: Path, tmp_path: Path) -> None:
-    srv = launch_test_server((32200, 32299), "loadtest", model_path=smollm2_dir, spec="none")
+    srv = launch_test_server(LOADTEST_PORTS, "loadtest", model_path=smollm2_dir, spec="none")
     try:
         assert main(["--host", srv.base_url, "--smoke", "--out", str(tmp_path)]) == 0
     finally:

@@ -1,5 +1,5 @@
 """Server fixtures: each real sglang server starts once per module (or session) and is always
-killed. Ports come from 32000-32099 (pairs: HTTP + sglang's rendezvous port)."""
+killed. Ports come from ``SERVER_PORTS`` (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from sglang_echo.serve.flags import SpecOptions
 from sglang_echo.serve.server import SGLangServer
 
-from ..conftest import launch_test_server
+from ..conftest import SERVER_PORTS, launch_test_server
 
 # float32 on CPU: spec and no-spec runs batch tokens differently (verify processes k+1 tokens
 # per request at once), and bf16 reductions make greedy near-ties flip between such shapes,
@@ -31,7 +31,7 @@ def start_server(
 ) -> SGLangServer:
     """Start (and wait for) a server; the caller must stop() it (fixtures do, in finally)."""
     return launch_test_server(
-        (32000, 32099), spec, model_path=model_path, spec=spec, draft_path=draft_path,
+        SERVER_PORTS, spec, model_path=model_path, spec=spec, draft_path=draft_path,
         spec_options=spec_options, dtype=SERVER_DTYPE, enable_metrics=enable_metrics, extra_args=extra_args,
     )
 
