@@ -63,6 +63,9 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
     "echo-dflash": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "dflash"}),
     # Each step's cap from the measured cost model instead of a fixed K_max (core.budget).
     "echo-cost": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost"}),
+    # The same with EAGLE's draft extend on every step, plain ones included (lazy extend off).
+    "echo-cost-eager": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost",
+                                                "SGLANG_ECHO_LAZY_EXTEND": "0"}),
     "echo-ngram-cost": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "ngram",
                                                 "SGLANG_ECHO_BUDGET": "cost"}),
 }

@@ -16,7 +16,10 @@ sglang's own ``spec_cap_length`` / ``spec_cap_lens_histogram`` come from ``cap_l
 * ``echo_budget_cap_tokens_total``: sum of the steps' caps (K_max, or the cost model's per-step
   cap under ``budget: cost``), so ``cap / steps`` is the mean cap;
 * ``echo_step_verified_tokens_max``: the largest per-step sum of K_i seen;
-* ``echo_budget_exceeded_total``: steps over ``max(K_max, bs)`` (must stay 0).
+* ``echo_budget_exceeded_total``: steps over ``max(K_max, bs)`` (must stay 0);
+* ``echo_deferred_extend_tokens_total`` / ``echo_caught_up_tokens_total``: lazy extend
+  (:mod:`.lazy_extend`): committed tokens whose draft extend a plain step deferred, and those a
+  later catch-up extended (the rest were never needed: the request ended first, or is pending).
 
 Step timing (seconds, wall clock on the scheduler's host thread, summed over decode steps; see
 ``sglang_echo/integration/README.md`` "Metrics" for exactly what each covers):
@@ -128,7 +131,7 @@ class EchoMetrics:
         self.enabled = enabled
         self.step_max = 0
         self.totals = {"verified": 0, "target": 0, "slots": 0, "accepted": 0, "steps": 0, "exceeded": 0, "cap": 0,
-                       "timed_steps": 0, **{f"{k}_seconds": 0.0 for k in TIMERS}}
+                       "timed_steps": 0, "deferred": 0, "caught_up": 0, **{f"{k}_seconds": 0.0 for k in TIMERS}}
         self.request_depth = _env_flag(DEPTH_ENV, True)
         self._m = None
         self._warned: set[str] = set()
@@ -154,6 +157,8 @@ class EchoMetrics:
             "k_max": Gauge("echo_budget_k_max", "Configured K_max", multiprocess_mode="max"),
             "cap": Counter("echo_budget_cap_tokens", "Sum of the steps' verification caps (K_max or the cost model's)"),
             "step_max": Gauge("echo_step_verified_tokens_max", "Largest per-step sum of K_i", multiprocess_mode="max"),
+            "deferred": Counter("echo_deferred_extend_tokens", "Committed tokens whose draft extend a plain step deferred"),
+            "caught_up": Counter("echo_caught_up_tokens", "Deferred tokens a catch-up draft extend extended"),
             "timed_steps": Counter("echo_timed_steps", "Decode steps covered by the echo_*_seconds counters"),
             "control_seconds": Counter(
                 "echo_control_seconds", "ECHO control plane: build_trees minus drafter.propose, plus packing to sglang's layout"),
@@ -188,6 +193,14 @@ class EchoMetrics:
                 if e:
                     self._m["gate_eval"].labels(depth=str(d)).inc(e)
                     self._m["gate_pass"].labels(depth=str(d)).inc(p)
+
+    def on_lazy_extend(self, *, deferred: int = 0, caught_up: int = 0) -> None:
+        """Tokens a plain step deferred and a catch-up extended (:mod:`.lazy_extend`)."""
+        for key, n in (("deferred", deferred), ("caught_up", caught_up)):
+            if n:
+                self.totals[key] += n
+                if self._m is not None:
+                    self._m[key].inc(n)
 
     def on_timing(self, *, control: float, draft: float, verify: float, step: float) -> None:
         """One decode step's wall seconds (see the module docstring); never raises."""

@@ -21,6 +21,9 @@
   wide instead of ``W`` (:meth:`EchoDraftWorker.step_width`), for verify, acceptance and the
   draft extend alike, so a step without drafts costs about a plain decode step: ``B x 1``
   verify slots and a ``B``-token draft extend instead of ``B x W`` of each.
+* Lazy extend (:mod:`.lazy_extend`, ``lazy_extend``, EAGLE-3 and DART drafters): a plain step
+  (every ``K_i = 1``) skips the draft extend and keeps its pairs; the next step that may draft
+  extends over them first, so runs of plain steps cost about a plain decode step.
 * Timing (:mod:`.metrics`): ``draft()`` splits its wall time into control (``build_trees``
   minus the drafter's ``propose``, plus packing) and drafting, ``verify()`` times the verify
   pass, :meth:`EchoWorker.forward_batch_generation` the whole decode step.
@@ -50,6 +53,7 @@ from sglang_echo.core.policy import build_trees
 from .config import (EchoConfig, configured_drafter, load_calibration_for, load_config, make_echo_policy,
                      make_step_budget)
 from .drafter import EagleFrontierDrafter
+from .lazy_extend import DraftBacklog, catch_up, pool_slots
 from .metrics import EchoMetrics, TimedDrafter, _noop, timing_sync
 from .padded import step_width, to_sglang_dense
 from .ragged import MARK, resolve_verify_mode, target_tokens
@@ -105,6 +109,14 @@ class EchoDraftWorker(EagleDraftWorker):
     echo_dflash = None  # drafter dflash: the head and its context in the draft KV pool (DFlashPoolContext)
     echo_budget = None  # budget cost: the CostModelBudget choosing each step's cap
     echo_step_width = False  # lay each step out max K_i wide (set by EchoWorker.init_cuda_graphs)
+    echo_backlog: Optional[DraftBacklog] = None  # lazy extend: plain steps' pairs not yet in the draft KV
+
+    def _may_draft(self, cap: Optional[int], bs: int) -> bool:
+        """Whether this step's trees can have drafts: a budgeted policy's cap (``sum K_i <=
+        max(cap, bs)``) must exceed the roots."""
+        if not self.echo_policy.budgeted:
+            return True
+        return (self.echo_cfg.k_max if cap is None else cap) > bs
 
     def step_width(self, sizes: torch.Tensor) -> int:
         """This step's padded verify width: ``W``, or ``W_s = max K_i`` where every stage sizes
@@ -145,6 +157,9 @@ class EchoDraftWorker(EagleDraftWorker):
 
         bs = batch.seq_lens.shape[0]
         policy = self.echo_policy
+        st.cap = None if self.echo_budget is None else self.echo_budget.cap(bs)
+        if self.echo_backlog is not None and self._may_draft(st.cap, bs):
+            self._record_lazy(caught_up=catch_up(self, batch, draft_input, self.echo_backlog))
         if self.echo_dart is not None:
             from .dart import DartFrontierDrafter
 
@@ -161,7 +176,6 @@ class EchoDraftWorker(EagleDraftWorker):
             frontier = EagleFrontierDrafter(self, forward_batch, draft_input, out_cache_loc)
         drafter = TimedDrafter(frontier, sync)
         roots = draft_input.bonus_tokens.reshape(bs).long()
-        st.cap = None if self.echo_budget is None else self.echo_budget.cap(bs)
         sync()
         t_build = time.perf_counter()
         trees, state = build_trees(policy, drafter, roots, k_max=st.cap)
@@ -237,16 +251,23 @@ class EchoDraftWorker(EagleDraftWorker):
             return super()._capture_cuda_graphs()
         self.cuda_graph_runner = self.cuda_graph_runner_for_draft_extend = None  # eager block forward
 
-    def _dflash_draft_input(self, bonus_tokens):
-        """The between-steps state EAGLE's plumbing relays; DFlash itself reads only the bonus tokens."""
+    def _placeholder_draft_input(self, bonus_tokens):
+        """The between-steps state EAGLE's plumbing relays, zeroed (children of probability 0, never
+        proposed): DFlash reads only the bonus tokens, and a lazy-extend request's children are
+        computed by its catch-up."""
         bs = bonus_tokens.shape[0]
         H, dtype = get_draft_recurrent_hidden_state_spec(self.draft_runner)
         return EagleDraftInput(
-            topk_p=torch.ones(bs, self.topk, device=self.device),
+            topk_p=torch.zeros(bs, self.topk, device=self.device),
             topk_index=torch.zeros(bs, self.topk, dtype=torch.int64, device=self.device),
             hidden_states=torch.zeros(bs, H, dtype=dtype, device=self.device),
             bonus_tokens=bonus_tokens, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1,
         )
+
+    def _relay_placeholders(self, nxt) -> None:
+        """Zero the state the draft extend would have set on the next step's draft input."""
+        fresh = self._placeholder_draft_input(nxt.bonus_tokens)
+        nxt.topk_p, nxt.topk_index, nxt.hidden_states = fresh.topk_p, fresh.topk_index, fresh.hidden_states
 
     def _window_slots(self, batch, kv_loc_plan):
         """The draft pool's slots of the tokens the target just wrote (its plan's, or the batch's)."""
@@ -257,6 +278,8 @@ class EchoDraftWorker(EagleDraftWorker):
     def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None,
                                   kv_loc_plan=None):
         if self.echo_dflash is None:
+            if self.echo_backlog is not None and not batch.forward_mode.is_idle():
+                self.echo_backlog.clear(pool_slots(batch))  # a new request in the slot
             return super()._draft_extend_for_prefill(batch, target_hidden_states, next_token_ids, mm_input_embeds,
                                                      kv_loc_plan=kv_loc_plan)
         from .dflash import extend_positions
@@ -264,13 +287,34 @@ class EchoDraftWorker(EagleDraftWorker):
         if not batch.forward_mode.is_idle():  # every extend token joins its request's context
             self.echo_dflash.write(target_hidden_states, extend_positions(batch.prefix_lens, batch.extend_lens, self.device),
                                    self._window_slots(batch, kv_loc_plan))
-        return self._dflash_draft_input(next_token_ids)
+        return self._placeholder_draft_input(next_token_ids)
 
     def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
+        st = self.echo_step
+        if (self.echo_backlog is not None and not batch.forward_mode.is_idle() and st.sizes is not None
+                and st.verified == st.sizes.numel()):  # a plain step: every K_i = 1
+            return self._defer_extend(batch, batch_result)
         with self.width_for(batch_result.speculative_num_draft_tokens or self.speculative_num_draft_tokens):
             if self.echo_dflash is None:
                 return super()._draft_extend_for_decode(batch, batch_result, kv_loc_plan=kv_loc_plan)
             return self._dflash_extend_for_decode(batch, batch_result, kv_loc_plan)
+
+    def _defer_extend(self, batch, batch_result):
+        """Lazy extend (:mod:`.lazy_extend`): keep each request's pair (the root's features, the bonus
+        token after it) instead of extending; a full backlog is caught up first."""
+        bs, W = batch.seq_lens.shape[0], self.echo_step.width
+        slots = pool_slots(batch)
+        nxt = batch_result.next_draft_input
+        self._relay_placeholders(nxt)
+        if self.echo_backlog.full(slots):  # the pending pairs end right before this step's roots
+            self._record_lazy(caught_up=catch_up(self, batch, nxt, self.echo_backlog))
+        feats = batch_result.logits_output.hidden_states.view(bs, W, -1)[:, 0]
+        self.echo_backlog.append(slots, feats, batch_result.next_token_ids.view(bs, -1)[:, 0])
+        self._record_lazy(deferred=bs)
+
+    def _record_lazy(self, **tokens: int) -> None:
+        if self.echo_metrics is not None:
+            self.echo_metrics.on_lazy_extend(**tokens)
 
     def _dflash_extend_for_decode(self, batch, batch_result, kv_loc_plan):
         nxt = batch_result.next_draft_input
@@ -283,9 +327,7 @@ class EchoDraftWorker(EagleDraftWorker):
             feats = batch_result.logits_output.hidden_states.view(bs, W, -1)
             slots = self._window_slots(batch, kv_loc_plan).view(bs, W)
             self.echo_dflash.write(feats[take], pos[take], slots[take])
-        # verify set the next bonus tokens; the rest of the relayed state is shape-only for DFlash
-        fresh = self._dflash_draft_input(batch_result.next_token_ids.new_zeros(batch.seq_lens.shape[0]))
-        nxt.topk_p, nxt.topk_index, nxt.hidden_states = fresh.topk_p, fresh.topk_index, fresh.hidden_states
+        self._relay_placeholders(nxt)  # verify set the next bonus tokens; the rest is shape-only for DFlash
         batch_result.logits_output.hidden_states = None
 
 
@@ -328,11 +370,30 @@ class EchoWorker(EAGLEWorkerV2):
 
                 dw.echo_dart = self._dart_search(dw, server_args, cfg)
                 dw.echo_history = TokenHistory(self.device)
+        self.echo_lazy_extend = dw is not None and self._lazy_extend_applies(server_args, cfg)
         self.echo_metrics = EchoMetrics(cfg, enabled=bool(getattr(server_args, "enable_metrics", False)))
         self.echo_sync = timing_sync(self.device)
         if dw is not None:
             dw.echo_metrics, dw.echo_sync = self.echo_metrics, self.echo_sync
         log.info("ECHO worker: policy %s (%s)", self.echo_policy.name, cfg.describe())
+
+    @staticmethod
+    def _lazy_extend_applies(server_args, cfg: EchoConfig) -> bool:
+        """The lazy extend needs a drafter that drafts from EAGLE's draft extend, and no overlap
+        scheduling (whose relayed draft state and lengths it was not built for)."""
+        if cfg.lazy_extend == 0 or cfg.drafter not in ("eagle3", "dart"):
+            return False
+        if not server_args.disable_overlap_schedule:
+            log.info("ECHO worker: lazy extend off under overlap scheduling (every step extends the draft KV)")
+            return False
+        return True
+
+    def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
+        super().alloc_memory_pool(memory_pool_config=memory_pool_config, req_to_token_pool=req_to_token_pool,
+                                  token_to_kv_pool_allocator=token_to_kv_pool_allocator)
+        if self.echo_lazy_extend:  # one backlog row per request slot
+            self._draft_worker.echo_backlog = DraftBacklog(req_to_token_pool.req_to_token.shape[0], self.device,
+                                                           capacity=self.echo_cfg.lazy_extend)
 
     def _dart_search(self, dw, server_args, cfg: EchoConfig):
         from .dart import LlamaForCausalLMDart, make_dart_search

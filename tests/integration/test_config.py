@@ -115,3 +115,10 @@ def test_config_is_frozen_dataclass():
     assert dataclasses.is_dataclass(EchoConfig)
     with pytest.raises(dataclasses.FrozenInstanceError):
         EchoConfig().k_max = 3  # type: ignore[misc]
+
+
+def test_lazy_extend_setting():
+    assert load_config(environ={}).lazy_extend == 32
+    assert load_config(environ={"SGLANG_ECHO_LAZY_EXTEND": "0"}).lazy_extend == 0
+    with pytest.raises(EchoConfigError, match="lazy_extend=-1 must be >= 0"):
+        load_config(environ={"SGLANG_ECHO_LAZY_EXTEND": "-1"})

@@ -1,0 +1,134 @@
+"""Lazy catch-up of EAGLE's draft KV over plain steps (WhiFlash's Lazy Catch-up, ``000_*``).
+
+After every verify, ``EAGLEWorkerV2`` runs the draft extend: the draft layer over the pairs
+``(target features at p, token at p + 1)`` just committed, which writes their draft KV and
+gives the top-k children of the next root (``spec_info.topk_p`` / ``topk_index``). A plain
+step (every ``K_i = 1``: ``budget: cost`` chose plain decoding, or the gates cut every tree)
+has no use for those children unless the next step drafts, yet the extend cost about 6% of
+such a step on the CPU (``benchmarks/results/serve-smollm2-lazy-extend``).
+
+So on a plain step the worker only records each request's pair here (:meth:`DraftBacklog.
+append`), and :func:`catch_up` runs one draft extend over every pending pair of the requests
+that have some, right before a step that may draft (or when a backlog is full). The draft KV
+it writes and the children it computes are exactly what the per-step extends would have given:
+a pair's KV depends on the pair alone, and causal attention over the positions in order
+computes the same outputs whether they come one per forward or all in one. Until then the
+relayed top-k of a pending request is a zero placeholder (probability 0: never proposed).
+
+The backlog is indexed by the request's ``req_pool_idx``: it is stable while the request lives,
+so filtering and merging batches needs nothing, and a prefill (a new request in the slot, or a
+retracted one coming back) clears it. Host-side lengths decide without a device sync.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+class DraftBacklog:
+    """Pending draft pairs per request-pool slot: features ``[slots, capacity, F]``, tokens, lengths.
+
+    ``capacity`` (the ``lazy_extend`` setting) bounds both the memory and how far a request's
+    draft KV may lag: a full backlog is caught up at once."""
+
+    def __init__(self, num_slots: int, device, capacity: int) -> None:
+        self.num_slots, self.device, self.capacity = num_slots, device, capacity
+        self.lens = torch.zeros(num_slots, dtype=torch.int64)  # host side
+        self.feats: Optional[Tensor] = None  # allocated on the first append (F and dtype are the target's)
+        self.tokens = torch.zeros(num_slots, capacity, dtype=torch.int64, device=device)
+
+    def clear(self, slots: list[int]) -> None:
+        self.lens[slots] = 0
+
+    def pending(self, slots: list[int]) -> Tensor:
+        return self.lens[slots]
+
+    def full(self, slots: list[int]) -> bool:
+        return bool((self.lens[slots] >= self.capacity).any())
+
+    def append(self, slots: list[int], feats: Tensor, tokens: Tensor) -> None:
+        """One pair per request: ``feats [bs, F]`` at each request's next position, ``tokens [bs]``."""
+        if self.feats is None:
+            self.feats = torch.zeros(self.num_slots, self.capacity, feats.shape[-1], dtype=feats.dtype,
+                                     device=self.device)
+        n = self.lens[slots]
+        if bool((n >= self.capacity).any()):
+            raise RuntimeError("ECHO lazy extend: backlog full; catch up before appending")
+        rows = torch.tensor(slots, device=self.device)
+        cols = n.to(self.device)
+        self.feats[rows, cols] = feats
+        self.tokens[rows, cols] = tokens.to(torch.int64)
+        self.lens[slots] = n + 1
+
+
+def pool_slots(batch) -> list[int]:
+    """The batch's request-pool slots, from sglang's host copy where it keeps one."""
+    cpu = getattr(batch, "req_pool_indices_cpu", None)
+    if cpu is not None and cpu.numel() == batch.req_pool_indices.numel():
+        return cpu.tolist()
+    return batch.req_pool_indices.tolist()
+
+
+def catch_up(worker, batch, draft_input, backlog: DraftBacklog) -> int:
+    """One draft extend over the pending pairs of ``batch``'s requests; returns the pairs extended.
+
+    ``batch.seq_lens`` is each request's root position (before a step's verify, or at its draft),
+    so its ``n`` pending pairs sit at ``seq_lens - n .. seq_lens - 1``. The extend's last-position
+    top-k and hidden state go into ``draft_input``'s rows (the root's children, as after an eager
+    extend).
+    """
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+    from sglang.srt.speculative.spec_utils import fast_topk, renorm_draft_probs
+
+    slots = pool_slots(batch)
+    n_all = backlog.pending(slots)
+    rows = torch.nonzero(n_all > 0).flatten()
+    if rows.numel() == 0:
+        return 0
+    root_lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
+    n, q = n_all[rows], root_lens[rows].to(torch.int64)
+    rows_list = rows.tolist()
+    dev = worker.device
+    rows_dev = rows.to(dev)
+    slot_rows = torch.tensor([slots[i] for i in rows_list], device=dev)
+    take = torch.arange(backlog.capacity, device=dev)[None, :] < n.to(dev)[:, None]  # [m, C]
+    positions = (q - n).to(dev)[:, None] + torch.arange(backlog.capacity, device=dev)[None, :]
+    req_to_token = worker.req_to_token_pool.req_to_token
+    kv_slots = req_to_token[slot_rows[:, None], positions.clamp(max=req_to_token.shape[1] - 1)]
+
+    # The batch's fields, narrowed to the requests that have pairs and laid out as an extend
+    # (prefix = committed draft KV, extend = the pairs), as a prefill's draft extend sees them.
+    sub = copy.copy(batch)
+    sub.reqs = [batch.reqs[i] for i in rows_list]
+    sub.req_pool_indices = batch.req_pool_indices[rows_dev]
+    sub.seq_lens = q.to(dev, dtype=batch.seq_lens.dtype)
+    sub.seq_lens_cpu = q.to(torch.int64)
+    sub.orig_seq_lens = None if batch.orig_seq_lens is None else sub.seq_lens.to(batch.orig_seq_lens.dtype)
+    sub.seq_lens_sum = int(q.sum())
+    sub.prefix_lens, sub.extend_lens = (q - n).tolist(), n.tolist()
+    sub.extend_num_tokens = int(n.sum())
+    sub.extend_logprob_start_lens = [0] * len(rows_list)
+    sub.multimodal_inputs = [None] * len(rows_list)
+    sub.forward_mode = ForwardMode.EXTEND
+    sub.return_logprob, sub.top_logprobs_nums, sub.token_ids_logprobs = False, None, None
+    sub.sampling_info = None  # the draft forward samples nothing
+    sub.input_ids = backlog.tokens[slot_rows][take]
+    sub.out_cache_loc = kv_slots[take].to(torch.int64)
+    sub.spec_info = EagleDraftExtendInput(hidden_states=backlog.feats[slot_rows][take],
+                                          num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
+    fb = ForwardBatch.init_new(sub, worker.draft_runner, capture_hidden_mode=CaptureHiddenMode.LAST,
+                               return_hidden_states_before_norm=False)
+    fb.return_logprob = False
+    out = worker.draft_runner.forward(fb).logits_output
+    backlog.clear([slots[i] for i in rows_list])
+
+    topk_p, topk_index = fast_topk(renorm_draft_probs(out.next_token_logits, None, False), worker.topk, dim=-1)
+    draft_input.topk_p[rows_dev] = topk_p.to(draft_input.topk_p.dtype)
+    draft_input.topk_index[rows_dev] = topk_index.to(draft_input.topk_index.dtype)
+    if draft_input.hidden_states is not None and out.hidden_states is not None:
+        draft_input.hidden_states[rows_dev] = out.hidden_states.to(draft_input.hidden_states.dtype)
+    return int(n.sum())
