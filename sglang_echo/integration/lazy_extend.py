@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+
 class DraftBacklog:
     """Pending draft pairs per request-pool slot: features ``[slots, capacity, F]``, tokens, lengths.
 
@@ -54,9 +55,9 @@ class DraftBacklog:
         if self.feats is None:
             self.feats = torch.zeros(self.num_slots, self.capacity, feats.shape[-1], dtype=feats.dtype,
                                      device=self.device)
-        n = self.lens[slots]
-        if bool((n >= self.capacity).any()):
+        if self.full(slots):
             raise RuntimeError("ECHO lazy extend: backlog full; catch up before appending")
+        n = self.lens[slots]
         rows = torch.tensor(slots, device=self.device)
         cols = n.to(self.device)
         self.feats[rows, cols] = feats
@@ -92,9 +93,10 @@ def catch_up(worker, batch, draft_input, backlog: DraftBacklog) -> int:
     root_lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
     n, q = n_all[rows], root_lens[rows].to(torch.int64)
     rows_list = rows.tolist()
+    pending_slots = [slots[i] for i in rows_list]
     dev = worker.device
     rows_dev = rows.to(dev)
-    slot_rows = torch.tensor([slots[i] for i in rows_list], device=dev)
+    slot_rows = torch.tensor(pending_slots, device=dev)
     take = torch.arange(backlog.capacity, device=dev)[None, :] < n.to(dev)[:, None]  # [m, C]
     positions = (q - n).to(dev)[:, None] + torch.arange(backlog.capacity, device=dev)[None, :]
     req_to_token = worker.req_to_token_pool.req_to_token
@@ -124,7 +126,7 @@ def catch_up(worker, batch, draft_input, backlog: DraftBacklog) -> int:
                                return_hidden_states_before_norm=False)
     fb.return_logprob = False
     out = worker.draft_runner.forward(fb).logits_output
-    backlog.clear([slots[i] for i in rows_list])
+    backlog.clear(pending_slots)
 
     topk_p, topk_index = fast_topk(renorm_draft_probs(out.next_token_logits, None, False), worker.topk, dim=-1)
     draft_input.topk_p[rows_dev] = topk_p.to(draft_input.topk_p.dtype)

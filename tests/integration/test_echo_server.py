@@ -131,25 +131,29 @@ def test_full_policy_matrix(policy, tiny_pair, prompt_ids, reference, tmp_path_f
     run_policy(policy, tiny_pair, prompt_ids, reference, tmp_path_factory)
 
 
-@pytest.mark.echo_matrix
-def test_echo_smollm2(smollm2_dir, smollm2_prompts, smollm2_reference):
-    """The real SmolLM2-135M target with the shipped, trained EAGLE-3 head: drafts get accepted
-    on most steps, so accepted branches, KV compaction and draft extend after accepts run
-    through ECHO's trees. Greedy output must equal no speculation."""
+def _serve_smollm2(model: Path, inputs, want: list[Generation], env: dict, tag: str):
+    """``inputs`` through an ECHO server on SmolLM2 with the shipped EAGLE-3 head (``env``: its
+    settings); the outputs must equal ``want`` (no speculation's). Returns them and the metrics."""
     from sglang_echo.models.drafts import stage_head
 
-    model = smollm2_dir
-    draft = stage_head(model)
-    inputs, want = smollm2_prompts[:12], smollm2_reference[:12]
-    env = {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": str(K_MAX),
-           "SGLANG_ECHO_CONFIG": json.dumps({"fixed_tau": 0.0})}
-    srv = start(model, spec="echo", draft=draft, env=env, tag="smollm2-echo")
+    srv = start(model, spec="echo", draft=stage_head(model), env=env, tag=tag)
     try:
         got = run_staggered(srv.base_url, inputs)
         metrics = scrape(srv.base_url)
     finally:
         srv.stop()
-    assert [g.output_ids for g in got] == [w.output_ids for w in want]
+    assert [g.output_ids for g in got] == [w.output_ids for w in want], tag
+    return got, metrics
+
+
+@pytest.mark.echo_matrix
+def test_echo_smollm2(smollm2_dir, smollm2_prompts, smollm2_reference):
+    """The real SmolLM2-135M target with the shipped, trained EAGLE-3 head: drafts get accepted
+    on most steps, so accepted branches, KV compaction and draft extend after accepts run
+    through ECHO's trees. Greedy output must equal no speculation."""
+    env = {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": str(K_MAX),
+           "SGLANG_ECHO_CONFIG": json.dumps({"fixed_tau": 0.0})}
+    got, metrics = _serve_smollm2(smollm2_dir, smollm2_prompts[:12], smollm2_reference[:12], env, "smollm2-echo")
     assert metrics["echo_budget_exceeded_total"] == 0
     correct = sum(g.meta["spec_num_correct_drafts"] for g in got)
     print(f"[smollm2-echo] correct drafts {correct}, steps {metrics['echo_steps_total']:.0f}")
@@ -163,20 +167,11 @@ def test_lazy_extend_smollm2(smollm2_dir, smollm2_prompts, smollm2_reference):
     up during plain runs, and before the draining batch drafts again), and greedy output equals
     no speculation. That drafts are as good as with an extend every step is measured in
     benchmarks/results/serve-smollm2-lazy-extend (MAT), not here: this workload drafts too little."""
-    from sglang_echo.models.drafts import stage_head
-
-    draft = stage_head(smollm2_dir)
-    inputs, want = smollm2_prompts[:WORKERS], smollm2_reference[:WORKERS]
     # K_max = 8 = the requests: the full batch verifies its roots only (plain steps, every
     # request's tokens deferred), the filling and draining one drafts.
     env = {"SGLANG_ECHO_POLICY": "budgeted-chain", "SGLANG_ECHO_K_MAX": str(WORKERS), "SGLANG_ECHO_LAZY_EXTEND": "4"}
-    srv = start(smollm2_dir, spec="echo", draft=draft, env=env, tag="smollm2-lazy")
-    try:
-        got = run_staggered(srv.base_url, inputs)
-        metrics = scrape(srv.base_url)
-    finally:
-        srv.stop()
-    assert [g.output_ids for g in got] == [w.output_ids for w in want]
+    _, metrics = _serve_smollm2(smollm2_dir, smollm2_prompts[:WORKERS], smollm2_reference[:WORKERS], env,
+                                "smollm2-lazy")
     deferred = metrics.get("echo_deferred_extend_tokens_total", 0)
     caught_up = metrics.get("echo_caught_up_tokens_total", 0)
     print(f"[smollm2-lazy] steps {metrics['echo_steps_total']:.0f}, deferred {deferred:.0f}, caught up {caught_up:.0f}")
