@@ -4,18 +4,20 @@
 the probe depth drafted and verified) and ``SGLANG_ECHO_PROBE_OUT=<file>``. Both ECHO workers then
 call, for every verify step of the batch::
 
-    recorder.on_draft(pool, max_depth)        # after the trees are built: c_{i,d}, top-1 per depth
+    recorder.on_draft(pool, max_depth, rids, positions)  # after the trees are built: c_{i,d}, top-1 per depth
     recorder.on_verify(tokens, seconds)       # the step's verified tokens and verify time
     recorder.on_accept(num_correct_per_req)   # when sglang has the accept counts on the host
 
 and the recorder appends one line per step::
 
     {"conf": [[c_{i,1}, ..., c_{i,D}], ...], "top1": [[...], ...], "accepted": [a_i, ...],
-     "verify_tokens": 66, "verify_s": 0.041}
+     "rid": ["...", ...], "pos": [p_i, ...], "verify_tokens": 66, "verify_s": 0.041}
 
 ``c_{i,d}`` is Eq. 6 (best path probability at depth d), ``top1`` the drafter's highest
 single-token probability at depth d, ``a_i`` the number of draft tokens the target accepted, so
-depth d is *accepted* when ``a_i >= d``. Lines are flushed as they are written: an interrupted
+depth d is *accepted* when ``a_i >= d``. ``rid`` and ``pos`` (the request and its root's
+position) name each sample, so two runs can be compared position by position (a request's
+drafts at a position depend on its committed tokens only, not on the batch around it). Lines are flushed as they are written: an interrupted
 calibration keeps every finished step, and a torn last line is skipped on reading.
 
 Under overlap scheduling sglang reports a step's accept counts after the next step has drafted,
@@ -76,9 +78,15 @@ class ProbeRecorder:
         path = os.environ.get(ENV_PROBE_OUT)
         return cls(path, device) if path else None
 
-    def on_draft(self, pool: NodePool, max_depth: int) -> None:
+    def on_draft(self, pool: NodePool, max_depth: int, rids: Optional[Sequence[str]] = None,
+                 positions: Optional[Sequence[int]] = None) -> None:
         conf, top1 = depth_profile(pool, max_depth)
-        self._pending.append({"conf": conf.cpu().tolist(), "top1": top1.cpu().tolist()})
+        row = {"conf": conf.cpu().tolist(), "top1": top1.cpu().tolist()}
+        if rids is not None:
+            row["rid"] = list(rids)
+        if positions is not None:
+            row["pos"] = [int(p) for p in positions]
+        self._pending.append(row)
 
     @contextmanager
     def timed_verify(self, tokens: int) -> Iterator[None]:

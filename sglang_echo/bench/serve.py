@@ -295,11 +295,35 @@ def run(args: argparse.Namespace) -> Report:
     )
     bench = _Bench(args, model, heads, pick, levels, pool, datasets)
     names = args.configs.split(",")
+    if args.interleave:
+        report.runs += _interleaved(bench, names)
+        return report
     for rep in range(args.repeats):
-        # Alternate the order so that a drifting machine (shared VMs drift 10-30% over minutes) favours no config.
-        for name in names if rep % 2 == 0 else names[::-1]:
-            report.runs += _serve_config(bench, name, rep)
+        for name in _in_order(names, rep):
+            with _Server(bench, name, args.port) as srv:
+                report.runs += [srv.measure(c, rep) for c in levels]
     return report
+
+
+def _in_order(names: list[str], rep: int) -> list[str]:
+    """Pass ``rep``'s order: alternating, so that a drifting machine (shared VMs drift 10-30% over
+    minutes) favours no config."""
+    return names if rep % 2 == 0 else names[::-1]
+
+
+def _interleaved(bench: "_Bench", names: list[str]) -> list[Run]:
+    """Every config's server up at once (idle ones sleep), and each level of each pass run for
+    every config back to back: what drifts in between is one level's minutes, not a whole pass's."""
+    from contextlib import ExitStack
+
+    runs = []
+    with ExitStack() as stack:
+        servers = {name: stack.enter_context(_Server(bench, name, bench.args.port + 10 * i))
+                   for i, name in enumerate(names)}
+        for rep in range(bench.args.repeats):
+            for c in bench.levels:
+                runs += [servers[name].measure(c, rep) for name in _in_order(names, rep)]
+    return runs
 
 
 @dataclass
@@ -316,42 +340,58 @@ class _Bench:
     reference: dict[int, list[list[int]]] = field(default_factory=dict)  # none's output ids per level
 
 
-def _serve_config(bench: _Bench, name: str, rep: int) -> list[Run]:
-    """One config's server, measured at every concurrency level."""
-    args, pool, datasets = bench.args, bench.pool, bench.datasets
-    spec, knobs, _ = CONFIGS[name]
-    env = echo_env(name, args, bench.pick)
-    head = bench.heads.get(env.get("SGLANG_ECHO_DRAFTER", "eagle3")) if spec in ("eagle3", "echo") else None
-    if spec == "echo":
-        print(f"[echo-bench] {name}: drafter {env['SGLANG_ECHO_DRAFTER']}, "
-              f"calibration {env.get('SGLANG_ECHO_CALIBRATION', 'none (paper gates)')}", flush=True)
-    opts = ServerOptions(model_path=bench.model, port=args.port, spec=spec, draft_path=head,
-                         spec_options=knobs, dtype=args.dtype, max_running_requests=max(bench.levels),
-                         enable_metrics=True, extra_env=tuple(env.items()))
-    nominal = knobs.num_steps if spec == "eagle3" else None
-    runs = []
-    with SGLangServer(opts) as srv:
-        _one_level(srv.base_url, pool[:2], 2, 8)  # warm-up: first-request costs are not throughput
-        for c in bench.levels:
-            n = max(c * args.rounds, c)
-            prompts = (pool * (1 + n // len(pool)))[:n]
-            sets = (datasets * (1 + n // len(datasets)))[:n]
-            before = scrape_echo_metrics(srv.base_url) if spec == "echo" else {}
-            seconds, outs, latencies = _one_level(srv.base_url, prompts, c, args.max_new)
-            after = scrape_echo_metrics(srv.base_url) if spec == "echo" else {}
-            ids = [o.output_ids for o in outs]
-            steps = sum(int(o.meta.get("spec_verify_ct", 0)) for o in outs)
-            # None: this is the reference, or the run has no `none` to compare with
-            lossless = None if name == "none" or c not in bench.reference else ids == bench.reference[c]
-            if name == "none":
-                bench.reference.setdefault(c, ids)
-            per_request = [request_record(o.meta, o.output_ids, nominal, ds, lat)
-                           for o, ds, lat in zip(outs, sets, latencies)]
-            r = Run(name, c, len(prompts), seconds, sum(len(i) for i in ids), steps, lossless, srv.startup_seconds,
-                    nominal, per_request, echo_deltas(before, after), rep)
-            runs.append(r)
-            print(_progress(r), flush=True)
-    return runs
+class _Server:
+    """One config's server (a context manager), measured a level at a time."""
+
+    def __init__(self, bench: _Bench, name: str, port: int) -> None:
+        self.bench, self.name = bench, name
+        args = bench.args
+        self.spec, knobs, _ = CONFIGS[name]
+        env = echo_env(name, args, bench.pick)
+        head = bench.heads.get(env.get("SGLANG_ECHO_DRAFTER", "eagle3")) if self.spec in ("eagle3", "echo") else None
+        if self.spec == "echo":
+            print(f"[echo-bench] {name}: drafter {env['SGLANG_ECHO_DRAFTER']}, "
+                  f"calibration {env.get('SGLANG_ECHO_CALIBRATION', 'none (paper gates)')}", flush=True)
+        self.opts = ServerOptions(model_path=bench.model, port=port, spec=self.spec, draft_path=head,
+                                  spec_options=knobs, dtype=args.dtype, max_running_requests=max(bench.levels),
+                                  enable_metrics=True, extra_env=tuple(env.items()))
+        self.nominal = knobs.num_steps if self.spec == "eagle3" else None
+        self.srv: Optional[SGLangServer] = None
+
+    def __enter__(self) -> "_Server":
+        self.srv = SGLangServer(self.opts).__enter__()
+        try:
+            _one_level(self.srv.base_url, self.bench.pool[:2], 2, 8)  # warm-up: first-request costs are not throughput
+        except BaseException:
+            self.srv.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.srv.stop()
+
+    def measure(self, c: int, rep: int) -> Run:
+        """One concurrency level: ``c x --rounds`` requests, ``c`` at a time."""
+        bench, name, url = self.bench, self.name, self.srv.base_url
+        n = max(c * bench.args.rounds, c)
+        prompts = (bench.pool * (1 + n // len(bench.pool)))[:n]
+        sets = (bench.datasets * (1 + n // len(bench.datasets)))[:n]
+        echo = self.spec == "echo"
+        before = scrape_echo_metrics(url) if echo else {}
+        seconds, outs, latencies = _one_level(url, prompts, c, bench.args.max_new)
+        after = scrape_echo_metrics(url) if echo else {}
+        ids = [o.output_ids for o in outs]
+        steps = sum(int(o.meta.get("spec_verify_ct", 0)) for o in outs)
+        # None: this is the reference, or the run has no `none` to compare with (yet)
+        lossless = None if name == "none" or c not in bench.reference else ids == bench.reference[c]
+        if name == "none":
+            bench.reference.setdefault(c, ids)
+        per_request = [request_record(o.meta, o.output_ids, self.nominal, ds, lat)
+                       for o, ds, lat in zip(outs, sets, latencies)]
+        r = Run(name, c, len(prompts), seconds, sum(len(i) for i in ids), steps, lossless, self.srv.startup_seconds,
+                self.nominal, per_request, echo_deltas(before, after), rep)
+        print(_progress(r), flush=True)
+        return r
 
 
 def _progress(r: Run) -> str:
@@ -377,6 +417,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=1, help="requests per level = concurrency x rounds")
     ap.add_argument("--repeats", type=int, default=1,
                     help="passes over the configs, alternating their order; speedups compare runs of one pass")
+    ap.add_argument("--interleave", action="store_true",
+                    help="start every config's server at once and run each level of each pass config after config "
+                         "(ports --port, --port+10, ...): ratios then span one level's minutes, not a whole pass")
     ap.add_argument("--per-set", type=int, default=10, help="prompts taken from each prompt set")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--dtype", default="float32", help="float32 keeps the token-for-token check exact")

@@ -320,12 +320,13 @@ def _define_worker():
                 self.prev_token_ids, self.prev_accept_lens = prev_ids.cpu().tolist(), prev_lens.cpu().tolist()
             else:
                 self.prev_token_ids, self.prev_accept_lens = [], [0] * bs
-            drafters, roots = [], []
+            drafters, roots, root_positions = [], [], []
             for i, req in enumerate(batch.reqs):
                 extra = self.prev_token_ids[i * stride: i * stride + self.prev_accept_lens[i]] if use_prev else ()
                 hist = History(req.origin_input_ids_unpadded, req.output_ids, extra)
                 drafters.append(self.ngram_corpus.sync(req.rid, hist))
                 roots.append(hist[-1])  # the last committed token: its KV is written by this verify
+                root_positions.append(len(hist) - 1)
             cap = None if self.echo_budget is None else self.echo_budget.cap(bs)
             tokens, mask, step = build_ngram_drafts(
                 self.echo_policy, drafters, torch.tensor(roots, dtype=torch.int64), self.echo_width, k_max=cap,
@@ -334,7 +335,8 @@ def _define_worker():
             self._echo_step = step
             self.echo_metrics.on_tree_depths(batch.reqs, step.depths)
             if self.echo_probe is not None:
-                self.echo_probe.on_draft(step.pool, self.echo_policy.max_depth)
+                self.echo_probe.on_draft(step.pool, self.echo_policy.max_depth, [r.rid for r in batch.reqs],
+                                         root_positions)
                 self._echo_draft_s = time.perf_counter() - t0
             step.prepare_s = time.perf_counter() - t0
             return tokens, mask

@@ -228,7 +228,8 @@ class EchoDraftWorker(EagleDraftWorker):
         if self.echo_metrics is not None:
             self.echo_metrics.on_tree_depths(batch.reqs, st.depths)
         if self.echo_probe is not None:
-            self.echo_probe.on_draft(state.pool, policy.max_depth)
+            roots_at = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
+            self.echo_probe.on_draft(state.pool, policy.max_depth, [r.rid for r in batch.reqs], roots_at.tolist())
         return verify_input
 
 

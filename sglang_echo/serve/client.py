@@ -35,6 +35,7 @@ def generate(
     max_new_tokens: int = 32,
     temperature: float = 0.0,
     timeout: float = 300.0,
+    rid: str | None = None,
     **sampling: Any,
 ) -> Generation:
     if (input_ids is None) == (text is None):
@@ -46,6 +47,8 @@ def generate(
         body["input_ids"] = list(input_ids)
     else:
         body["text"] = text
+    if rid is not None:  # the request's id in the server (its logs, metrics and probe samples)
+        body["rid"] = rid
     r = requests.post(f"{base_url}/generate", json=body, timeout=timeout)
     r.raise_for_status()
     data = r.json()

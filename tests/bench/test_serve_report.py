@@ -134,3 +134,37 @@ def test_json_round_trip_and_old_files(tmp_path):
     r = report_from_json(old).runs[0]
     assert r.per_request == [] and r.echo is None and r.utilisation is None
     assert "Draft utilisation" not in markdown(report_from_json(old))
+
+
+def test_interleave_runs_each_level_config_after_config(monkeypatch):
+    """--interleave: every server is up before the first level, each on its own port, and each
+    level of each pass runs every config back to back, in the pass's alternating order."""
+    from types import SimpleNamespace
+
+    from sglang_echo.bench import serve
+
+    log = []
+
+    class FakeServer:
+        def __init__(self, bench, name, port):
+            self.name = name
+            log.append(("start", name, port))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            log.append(("stop", self.name))
+
+        def measure(self, c, rep):
+            log.append((self.name, c, rep))
+            return Run(self.name, c, c, 1.0, c, 0, None, repeat=rep)
+
+    monkeypatch.setattr(serve, "_Server", FakeServer)
+    bench = SimpleNamespace(args=SimpleNamespace(port=30400, repeats=2), levels=[8, 32])
+    runs = serve._interleaved(bench, ["none", "echo"])
+    assert log == [("start", "none", 30400), ("start", "echo", 30410),
+                   ("none", 8, 0), ("echo", 8, 0), ("none", 32, 0), ("echo", 32, 0),
+                   ("echo", 8, 1), ("none", 8, 1), ("echo", 32, 1), ("none", 32, 1),
+                   ("stop", "echo"), ("stop", "none")]
+    assert [(r.config, r.concurrency, r.repeat) for r in runs] == [e for e in log if e[0] not in ("start", "stop")]

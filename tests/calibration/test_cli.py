@@ -94,6 +94,13 @@ def test_calibrate_smollm2_end_to_end(tmp_path, smollm2_dir, drafter):
     rates = [s.labels(d).mean() for d in range(1, 5)]
     assert rates == sorted(rates, reverse=True), "accepting depth d needs depth d-1 accepted"
     assert ((s.conf >= 0) & (s.conf <= 1)).all() and (np.diff(s.conf, axis=1) <= 1e-6).all(), "c_{i,d} never grows with d"
+    last_pos: dict[str, int] = {}  # every sample names its request and root position, advancing step by step
+    for line in (tmp_path / f"{drafter}.samples.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        assert len(row["rid"]) == len(row["pos"]) == len(row["conf"])
+        for rid, pos in zip(row["rid"], row["pos"]):
+            assert pos > last_pos.get(rid, -1)
+            last_pos[rid] = pos
     draft = None
     if drafter == "eagle3":
         from sglang_echo.models.drafts import stage_head

@@ -48,7 +48,7 @@ def test_recorder_pairs_steps_with_accepts_in_order_and_drops_mismatches(tmp_pat
     _, state = build_trees(make_policy("beam-tree", PolicyConfig(max_depth=2, topk=2)),
                            TableDrafter([[0.7, 0.9], [0.5, 0.5]], 2), torch.tensor([0, 1]))
     rec = ProbeRecorder(tmp_path / "s.jsonl")
-    rec.on_draft(state.pool, 2)  # step 1 (bs 2) ...
+    rec.on_draft(state.pool, 2, rids=["a", "b"], positions=[17, 40])  # step 1 (bs 2) ...
     rec.on_verify(10, 0.5)
     rec.on_draft(state.pool, 2)  # ... step 2 drafted before step 1's accepts arrive (overlap)
     rec.on_accept([2, 0])        # -> step 1
@@ -59,6 +59,8 @@ def test_recorder_pairs_steps_with_accepts_in_order_and_drops_mismatches(tmp_pat
     assert s.accepted_len.tolist() == [2, 0]
     assert s.labels(1).tolist() == [True, False] and s.labels(2).tolist() == [True, False]
     assert s.verify_tokens.tolist() == [10] and s.verify_s.tolist() == [0.5]
+    row = json.loads((tmp_path / "s.jsonl").read_text().splitlines()[0])
+    assert row["rid"] == ["a", "b"] and row["pos"] == [17, 40]  # each sample names its request and position
 
 
 def test_read_samples_skips_a_torn_last_line_but_not_a_bad_middle_one(tmp_path):

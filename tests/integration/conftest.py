@@ -15,6 +15,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Optional, Sequence
 
 import pytest
 import requests
@@ -52,12 +53,13 @@ def matrix(drafter: str, policies: tuple[str, ...] = MATRIX_POLICIES) -> list:
     return params
 
 
-def run_staggered(url: str, inputs, **kw) -> list[Generation]:
-    """Greedy (unless ``kw`` says otherwise) generations, the first wave joining one by one."""
+def run_staggered(url: str, inputs, *, rids: Optional[Sequence[str]] = None, **kw) -> list[Generation]:
+    """Greedy (unless ``kw`` says otherwise) generations, the first wave joining one by one;
+    ``rids``: the requests' ids in the server (default: its own)."""
 
     def one(i, ids):
         time.sleep(min(i, WORKERS) * STAGGER_S)
-        return generate(url, input_ids=ids, max_new_tokens=MAX_NEW_TOKENS, **kw)
+        return generate(url, input_ids=ids, max_new_tokens=MAX_NEW_TOKENS, rid=rids[i] if rids else None, **kw)
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         futs = [pool.submit(one, i, ids) for i, ids in enumerate(inputs)]

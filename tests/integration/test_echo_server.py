@@ -131,14 +131,15 @@ def test_full_policy_matrix(policy, tiny_pair, prompt_ids, reference, tmp_path_f
     run_policy(policy, tiny_pair, prompt_ids, reference, tmp_path_factory)
 
 
-def _serve_smollm2(model: Path, inputs, want: list[Generation], env: dict, tag: str):
+def _serve_smollm2(model: Path, inputs, want: list[Generation], env: dict, tag: str, **kw):
     """``inputs`` through an ECHO server on SmolLM2 with the shipped EAGLE-3 head (``env``: its
-    settings); the outputs must equal ``want`` (no speculation's). Returns them and the metrics."""
+    settings; ``kw``: :func:`run_staggered`'s); the outputs must equal ``want`` (no speculation's).
+    Returns them and the metrics."""
     from sglang_echo.models.drafts import stage_head
 
     srv = start(model, spec="echo", draft=stage_head(model), env=env, tag=tag)
     try:
-        got = run_staggered(srv.base_url, inputs)
+        got = run_staggered(srv.base_url, inputs, **kw)
         metrics = scrape(srv.base_url)
     finally:
         srv.stop()
@@ -160,19 +161,61 @@ def test_echo_smollm2(smollm2_dir, smollm2_prompts, smollm2_reference):
     assert correct > 0
 
 
+def _draft_confidence(probe: Path) -> dict[tuple[str, int], tuple[list[float], bool]]:
+    """``(rid, root position) -> (c_{i,d} per depth, whether the request's previous step was a
+    plain step)`` for every drafted sample of a probe file (calibration.probe)."""
+    out, plain_at = {}, set()
+    for line in probe.read_text().splitlines():
+        row = json.loads(line)
+        keys = list(zip(row["rid"], row["pos"]))
+        if not any(c[0] for c in row["conf"]):  # nothing drafted: a plain step; its roots' pairs were deferred
+            plain_at.update(keys)
+            continue
+        out.update({(r, p): (c, (r, p - 1) in plain_at) for (r, p), c in zip(keys, row["conf"]) if c[0] > 0})
+    return out
+
+
+def _max_difference(a: list[float], b: list[float]) -> float:
+    """The largest |a_d - b_d| over the depths both drafted."""
+    return max(abs(x - y) for x, y in zip(a, b) if x > 0 and y > 0)
+
+
 @pytest.mark.echo_matrix
-def test_lazy_extend_smollm2(smollm2_dir, smollm2_prompts, smollm2_reference):
-    """Lazy extend (integration.lazy_extend) on the real SmolLM2 with the trained head: plain
-    steps defer their tokens, catch-ups extend them (a backlog of 4, so full backlogs are caught
-    up during plain runs, and before the draining batch drafts again), and greedy output equals
-    no speculation. That drafts are as good as with an extend every step is measured in
-    benchmarks/results/serve-smollm2-lazy-extend (MAT), not here: this workload drafts too little."""
-    # K_max = 8 = the requests: the full batch verifies its roots only (plain steps, every
-    # request's tokens deferred), the filling and draining one drafts.
-    env = {"SGLANG_ECHO_POLICY": "budgeted-chain", "SGLANG_ECHO_K_MAX": str(WORKERS), "SGLANG_ECHO_LAZY_EXTEND": "4"}
-    _, metrics = _serve_smollm2(smollm2_dir, smollm2_prompts[:WORKERS], smollm2_reference[:WORKERS], env,
-                                "smollm2-lazy")
-    deferred = metrics.get("echo_deferred_extend_tokens_total", 0)
-    caught_up = metrics.get("echo_caught_up_tokens_total", 0)
-    print(f"[smollm2-lazy] steps {metrics['echo_steps_total']:.0f}, deferred {deferred:.0f}, caught up {caught_up:.0f}")
+def test_lazy_extend_drafts_as_eager_smollm2(smollm2_dir, smollm2_prompts, smollm2_reference, tmp_path):
+    """Lazy extend (integration.lazy_extend) on the real SmolLM2 with the trained head drafts
+    exactly what the per-step draft extend drafts.
+
+    The lazy server: K_max = 8 = the concurrent requests, so the full batch verifies its roots
+    only (plain steps, every request's pair deferred; a backlog of 4, so full ones are caught up
+    during plain runs) and the filling and draining batch (a request finished, the next not yet
+    joined) drafts right after catching up. The eager server: K_max = 16, so every step drafts
+    and extends. A request's draft at a position depends on its committed tokens only, so the
+    probe's confidence at each depth (Eq. 6: the best path probability; depth 1 reads the caught-up
+    children, deeper ones the caught-up hidden state) must agree at every (request, position) both
+    drafted, the positions right after a catch-up included: wrong caught-up KV, children or hidden
+    states would show there, where greedy output (equal to no speculation) cannot."""
+    rids = [f"p{i}" for i in range(len(smollm2_prompts))]
+    conf, metrics = {}, {}
+    for k_max, lazy in ((2 * WORKERS, 0), (WORKERS, 4)):
+        probe = tmp_path / f"probe-{lazy}.jsonl"
+        env = {"SGLANG_ECHO_POLICY": "budgeted-chain", "SGLANG_ECHO_K_MAX": str(k_max),
+               "SGLANG_ECHO_LAZY_EXTEND": str(lazy), "SGLANG_ECHO_PROBE_OUT": str(probe)}
+        _, metrics[lazy] = _serve_smollm2(smollm2_dir, smollm2_prompts, smollm2_reference, env,
+                                          f"smollm2-lazy{lazy}", rids=rids)
+        conf[lazy] = _draft_confidence(probe)
+    deferred = metrics[4].get("echo_deferred_extend_tokens_total", 0)
+    caught_up = metrics[4].get("echo_caught_up_tokens_total", 0)
+    assert metrics[0].get("echo_deferred_extend_tokens_total", 0) == 0
     assert deferred > 0 and 0 < caught_up <= deferred
+
+    both = conf[0].keys() & conf[4].keys()
+    after_catch_up = [k for k in both if conf[4][k][1]]
+    deeper = [k for k in after_catch_up if conf[4][k][0][1] > 0 and conf[0][k][0][1] > 0]
+    diffs = {k: _max_difference(conf[4][k][0], conf[0][k][0]) for k in both}
+    worst = max(diffs, key=diffs.get, default=None)
+    print(f"[smollm2-lazy] steps {metrics[4]['echo_steps_total']:.0f}, deferred {deferred:.0f}, caught up "
+          f"{caught_up:.0f}; {len(both)} positions drafted by both, {len(after_catch_up)} right after a catch-up "
+          f"(of {sum(v[1] for v in conf[4].values())}; {len(deeper)} of them at depth 2 too); "
+          f"largest |c_d lazy - c_d eager| {diffs.get(worst, float('nan')):.2e} at {worst}")
+    assert len(after_catch_up) >= WORKERS // 2 and deeper  # about 14 catch-ups, most at positions both drafted
+    assert diffs[worst] < 1e-3  # float32 everywhere: only batch-shape rounding may differ

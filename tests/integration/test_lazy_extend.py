@@ -1,6 +1,6 @@
 """The lazy extend's backlog (integration.lazy_extend): pairs kept per request-pool slot, in order,
 cleared by a prefill, bounded by its capacity. The catch-up itself runs in a real server:
-tests/integration/test_echo_server.py::test_lazy_extend_smollm2."""
+tests/integration/test_echo_server.py::test_lazy_extend_drafts_as_eager_smollm2."""
 
 from __future__ import annotations
 
