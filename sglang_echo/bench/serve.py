@@ -66,6 +66,9 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
     # The same with EAGLE's draft extend on every step, plain ones included (lazy extend off).
     "echo-cost-eager": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost",
                                                 "SGLANG_ECHO_LAZY_EXTEND": "0"}),
+    # The same with a K_max exploration every 64 steps whatever they find (no back-off).
+    "echo-cost-explore64": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost",
+                                                    "SGLANG_ECHO_EXPLORE_BACKOFF": "1"}),
     "echo-ngram-cost": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "ngram",
                                                 "SGLANG_ECHO_BUDGET": "cost"}),
 }

@@ -38,9 +38,12 @@ depth); past the last measured size nothing more is credited. ``D* = 0`` is plai
 decoding: ECHO's loop drafts nothing.
 
 A step only measures the side of the decision it took, so both sides are probed at the current
-load. Until ``warmup`` speculative steps have been seen, and on every ``explore_every``-th step
-after, the step gets the full ``K_max``, so ``G``, ``F`` and ``t_draft`` keep being measured
-while the model says not to speculate. While it says to speculate, every ``plain_every``-th step
+load. Until ``warmup`` speculative steps have been seen, and every ``explore_every`` steps after,
+the step gets the full ``K_max``, so ``G``, ``F`` and ``t_draft`` keep being measured while the
+model says not to speculate. Such a step is the dearest there is (at batch 8 on the CPU about three
+plain steps), so while explorations keep confirming plain decoding their interval doubles, up to
+``explore_backoff`` times ``explore_every``; a verdict for drafting, or a batch size in another
+half-octave, brings it back to ``explore_every``. While it says to speculate, every ``plain_every``-th step
 is plain decoding, so ``T_verify(B)`` and ``t_rest(B)`` are measured where the alternative would
 run. Without it a batch of 8 that never decoded plainly priced a plain step from one slow
 8-token verify of a batch of 2, and drafted at 0.74x of plain decoding
@@ -220,8 +223,8 @@ class CostModelBudget:
     """
 
     def __init__(self, k_max: int, max_depth: int, *, padded_width: Optional[int] = None,
-                 warmup: int = 16, explore_every: int = 64, plain_every: int = 16, decay: float = 0.98,
-                 free_share: float = 0.02) -> None:
+                 warmup: int = 16, explore_every: int = 64, explore_backoff: int = 16, plain_every: int = 16,
+                 decay: float = 0.98, free_share: float = 0.02) -> None:
         if k_max < 1 or max_depth < 0 or warmup < 0 or explore_every < 2 or plain_every < 2:
             raise ValueError(f"need k_max >= 1, max_depth >= 0, warmup >= 0, explore_every >= 2, plain_every >= 2; "
                              f"got k_max={k_max} max_depth={max_depth} warmup={warmup} explore_every={explore_every} "
@@ -229,6 +232,7 @@ class CostModelBudget:
         self.k_max, self.max_depth = k_max, max_depth
         self.padded_width = padded_width  # None: ragged verify (the target computes sum K_i tokens)
         self.warmup, self.explore_every, self.plain_every, self.decay = warmup, explore_every, plain_every, decay
+        self.explore_backoff = max(explore_backoff, 1)
         self.free_share = free_share  # verify time a step may add for free tokens (see cap)
         self.verify = CostCurve(decay)  # seconds vs target tokens
         self.draft = CostCurve(decay)  # seconds per draft forward vs batch size
@@ -239,6 +243,10 @@ class CostModelBudget:
         self.rates = RealisedRates()  # the served A/B test of the model's choice
         self.spec_steps = 0  # steps that drafted at least one depth
         self.steps = 0
+        self.explore_gap = explore_every  # steps from one exploration to the next (backs off, see the docstring)
+        self._next_explore = explore_every
+        self._gap_bucket: Optional[int] = None  # the batch-size bucket the gap was earned at
+        self._judging = False  # an exploration ran and no verdict has followed it yet
         self._arm: Optional[str] = None  # this step's side of the A/B test (None: warm-up or exploration)
         self._pending: deque[tuple[int, float, Optional[str], float]] = deque(maxlen=8)  # (B, drafted, arm, s)
 
@@ -289,11 +297,16 @@ class CostModelBudget:
         """This step's verification cap, roots included (``<= max(K_max, B)``)."""
         self.steps += 1
         self._arm = None
-        if self.spec_steps < self.warmup or self.steps % self.explore_every == 0:
+        if self.spec_steps < self.warmup:
             return self.k_max
         B = batch_size
+        if self.steps >= self._next_explore:
+            self._next_explore, self._judging, self._gap_bucket = self.steps + self.explore_gap, True, half_octave(B)
+            return self.k_max
         depth = self.best_depth(B)
-        if depth > 0 and self._probing(B) != self.rates.drafting_loses(B):
+        loses = self.rates.drafting_loses(B)
+        self._back_off_exploring(B, drafting=depth > 0 and not loses)
+        if depth > 0 and self._probing(B) != loses:
             depth = 0  # the other side's probe (module docstring), or drafting was measured slower
         self._arm = "draft" if depth > 0 else "plain"
         k = min(self.k_max, B * (1 + depth))
@@ -311,6 +324,20 @@ class CostModelBudget:
             else:
                 hi = mid - 1
         return lo
+
+    def _back_off_exploring(self, batch_size: int, drafting: bool) -> None:
+        """Judge the last exploration by the first verdict after it: plain decoding again at the
+        same load doubles the gap to the next one; drafting, or another load, resets it."""
+        bucket = half_octave(batch_size)
+        if drafting or bucket != self._gap_bucket:
+            self._gap_bucket = bucket
+            if self.explore_gap > self.explore_every:
+                self.explore_gap = self.explore_every
+                self._next_explore = min(self._next_explore, self.steps + self.explore_every)
+        elif self._judging:
+            self.explore_gap = min(2 * self.explore_gap, self.explore_backoff * self.explore_every)
+            self._next_explore = self.steps + self.explore_gap
+        self._judging = False
 
     def _probing(self, batch_size: int) -> bool:
         """Whether this step runs the side the decision did not pick: every ``plain_every``-th

@@ -12,7 +12,7 @@ reach every sglang subprocess). Resolution order, later wins:
    ``SGLANG_ECHO_K_MAX``, ``SGLANG_ECHO_MAX_DEPTH``, ``SGLANG_ECHO_W_DEF``, ``SGLANG_ECHO_W_MAX``,
    ``SGLANG_ECHO_WIDTH``, ``SGLANG_ECHO_CALIBRATION``, ``SGLANG_ECHO_DRAFTER``,
    ``SGLANG_ECHO_DART_NGRAM``, ``SGLANG_ECHO_VERIFY``, ``SGLANG_ECHO_BUDGET``,
-   ``SGLANG_ECHO_LAZY_EXTEND``).
+   ``SGLANG_ECHO_EXPLORE_BACKOFF``, ``SGLANG_ECHO_LAZY_EXTEND``).
 
 Defaults: policy ``echo``, ``k_max`` 64 (batch verification cap, roots included), ``max_depth``
 4, ``w_def`` 1, ``w_max`` 2, no calibration file (the paper's default gates, logged loudly),
@@ -27,7 +27,9 @@ attention backend supports it (the CPU platform's), else on every request's ``W`
 (``padded``, what CUDA graphs capture). ``budget`` ``fixed``: every step of a budgeted policy
 (``echo``, ``dense-gating``, ``fixed-threshold``, ``budgeted-chain``) may verify up to ``k_max``;
 ``cost``: each step's cap ``<= k_max`` comes from a cost model the worker fits while serving
-(:mod:`sglang_echo.core.budget`), down to plain decoding where drafting does not pay.
+(:mod:`sglang_echo.core.budget`), down to plain decoding where drafting does not pay; its
+K_max explorations come every 64 steps, backing off to ``explore_backoff`` (default 16) times
+that while they keep confirming plain decoding (1: every 64 steps).
 ``lazy_extend`` (default 32; EAGLE-3 and DART drafters, without overlap scheduling): a step
 that drafts nothing skips EAGLE's draft extend, and the next step that may draft extends over
 the skipped tokens first (:mod:`.lazy_extend`); a request's draft KV lags by at most that many
@@ -73,6 +75,7 @@ class EchoConfig:
     fixed_tau: float = 0.3
     verify: str = "auto"  # auto | ragged | padded (see the module docstring)
     budget: str = "fixed"  # fixed | cost: each step's cap from the measured cost model (budgeted policies)
+    explore_backoff: int = 16  # budget cost: the longest gap between K_max explorations, in units of 64 steps
     lazy_extend: int = 32  # most tokens a plain step may leave out of the draft KV per request (0: off)
     source: str = "defaults"
 
@@ -130,6 +133,8 @@ class EchoConfig:
             raise bad(f"verify={self.verify!r} is unknown; choose one of {', '.join(VERIFY_MODES)}")
         if self.budget not in BUDGETS:
             raise bad(f"budget={self.budget!r} is unknown; choose one of {', '.join(BUDGETS)}")
+        if self.explore_backoff < 1:
+            raise bad(f"explore_backoff={self.explore_backoff} must be >= 1 (1: explore every 64 steps)")
         if self.lazy_extend < 0:
             raise bad(f"lazy_extend={self.lazy_extend} must be >= 0 (0: extend the draft KV every step)")
         if not 0.0 <= self.fixed_tau <= 1.0:
@@ -164,7 +169,7 @@ class EchoConfig:
         return ", ".join(f"{k}={v}" for k, v in d.items() if k != "source") + f" [{self.source}]"
 
 
-_INT = {"k_max", "max_depth", "w_def", "w_max", "width", "lazy_extend"}
+_INT = {"k_max", "max_depth", "w_def", "w_max", "width", "lazy_extend", "explore_backoff"}
 _FLOAT = {"fixed_tau"}
 _BOOL = {"dart_ngram"}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
@@ -322,4 +327,4 @@ def make_step_budget(cfg: EchoConfig, policy, padded_width: Optional[int]):
         return None
     from sglang_echo.core.budget import CostModelBudget
 
-    return CostModelBudget(cfg.k_max, policy.max_depth, padded_width=padded_width)
+    return CostModelBudget(cfg.k_max, policy.max_depth, padded_width=padded_width, explore_backoff=cfg.explore_backoff)

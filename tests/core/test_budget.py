@@ -117,11 +117,31 @@ def test_tokens_below_the_knee_are_free():
 
 
 def test_warmup_and_exploration_use_the_full_k_max():
-    budget = CostModelBudget(k_max=48, max_depth=3, warmup=3, explore_every=4)
+    """Explorations run K_max; while each is followed by plain decoding at the same load, the gap
+    to the next doubles (4, 8, 16 = explore_backoff x explore_every); another load resets it."""
+    budget = CostModelBudget(k_max=48, max_depth=3, warmup=3, explore_every=4, explore_backoff=4)
     assert [budget.cap(16) for _ in range(3)] == [48, 48, 48]  # nothing measured yet
     feed(budget, steps=3, B=16, depth=1, accept=[0.05], verify=lambda K: 0.05 + 0.01 * K, draft_per_depth=0.05)
-    caps = [budget.cap(16) for _ in range(8)]  # calls 4..11: every 4th explores
-    assert caps == [48, 16, 16, 16, 48, 16, 16, 16]
+    caps = [budget.cap(16) for _ in range(32)]  # calls 4..35: drafting does not pay, so plain between
+    assert set(caps) == {16, 48}
+    assert [4 + i for i, k in enumerate(caps) if k == 48] == [4, 13, 30]
+    assert budget.explore_gap == 16
+    caps = [budget.cap(4) for _ in range(5)]  # calls 36..40: batch 4, another load
+    assert caps[4] == 48 and budget.explore_gap == 4  # explored 4 steps after the load changed
+
+
+def test_a_verdict_for_drafting_resets_the_exploration_gap():
+    budget = CostModelBudget(k_max=48, max_depth=3, warmup=0, explore_every=4, explore_backoff=8)
+    feed(budget, steps=3, B=8, depth=1, accept=[0.05], verify=lambda K: 0.05 + 0.01 * K, draft_per_depth=0.05)
+    for _ in range(20):
+        budget.cap(8)
+    assert budget.explore_gap > 4  # plain decoding, confirmed by every exploration
+    # The workload changes: drafts are accepted and verifying them is free.
+    feed(budget, steps=200, B=8, depth=3, accept=[0.9, 0.8, 0.7], verify=lambda K: 0.02, draft_per_depth=0.001)
+    assert budget.best_depth(8) == 3
+    budget.cap(8)
+    budget.cap(8)  # (one of the two may be an exploration)
+    assert budget.explore_gap == 4
 
 
 def test_plain_steps_probe_the_alternative_while_drafting_pays():

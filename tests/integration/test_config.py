@@ -122,3 +122,14 @@ def test_lazy_extend_setting():
     assert load_config(environ={"SGLANG_ECHO_LAZY_EXTEND": "0"}).lazy_extend == 0
     with pytest.raises(EchoConfigError, match="lazy_extend=-1 must be >= 0"):
         load_config(environ={"SGLANG_ECHO_LAZY_EXTEND": "-1"})
+
+
+def test_explore_backoff_setting_reaches_the_cost_budget():
+    from sglang_echo.core.factory import make_policy
+    from sglang_echo.integration.config import make_step_budget
+
+    cfg = load_config(environ={"SGLANG_ECHO_BUDGET": "cost", "SGLANG_ECHO_EXPLORE_BACKOFF": "4"})
+    assert make_step_budget(cfg, make_policy("echo"), None).explore_backoff == 4
+    assert load_config(environ={}).explore_backoff == 16
+    with pytest.raises(EchoConfigError, match="explore_backoff=0 must be >= 1"):
+        load_config(environ={"SGLANG_ECHO_EXPLORE_BACKOFF": "0"})
