@@ -32,7 +32,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -255,17 +255,29 @@ def echo_deltas(before: dict[str, float], after: dict[str, float]) -> dict | Non
     return out
 
 
-def _one_level(url: str, texts: list[str], concurrency: int, max_new: int) -> tuple[float, list[Generation], list[float]]:
-    """Send ``texts`` with ``concurrency`` clients; wall seconds, the generations, each latency."""
+def max_new_tokens(max_new: int, jitter: int, n: int) -> list[int]:
+    """Each request's token budget: ``max_new``, or with ``jitter`` spread over ``max_new +- jitter``
+    by a fixed pattern (the same in every config and pass). Equal budgets keep the requests of a
+    closed-loop wave in step under plain decoding, finishing together and prefilling their successors
+    in one batch, while speculation, committing unevenly, splits them into several prefills."""
+    if jitter <= 0:
+        return [max_new] * n
+    return [max(1, max_new - jitter + (i * 37) % (2 * jitter + 1)) for i in range(n)]
 
-    def ask(text: str) -> tuple[Generation, float]:
+
+def _one_level(url: str, texts: list[str], concurrency: int, max_new: Sequence[int]
+               ) -> tuple[float, list[Generation], list[float]]:
+    """Send ``texts`` (``max_new[i]`` tokens each) with ``concurrency`` clients; wall seconds,
+    the generations, each latency."""
+
+    def ask(text: str, budget: int) -> tuple[Generation, float]:
         t = time.perf_counter()
-        g = generate(url, text=text, max_new_tokens=max_new, temperature=0.0)
+        g = generate(url, text=text, max_new_tokens=budget, temperature=0.0)
         return g, time.perf_counter() - t
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        outs = list(pool.map(ask, texts))
+        outs = list(pool.map(ask, texts, max_new))
     return time.perf_counter() - t0, [g for g, _ in outs], [s for _, s in outs]
 
 
@@ -292,7 +304,7 @@ def run(args: argparse.Namespace) -> Report:
     report = Report(
         machine={"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         settings={"model": str(model), "draft": str(draft), "heads": {d: str(h) for d, h in heads.items()},
-                  "dtype": args.dtype, "max_new": args.max_new,
+                  "dtype": args.dtype, "max_new": args.max_new, "max_new_jitter": args.max_new_jitter,
                   "concurrency": levels, "prompts": len(pool), "per_set": args.per_set,
                   "echo_drafter": args.echo_drafter, "calibration": args.calibration},
     )
@@ -364,7 +376,7 @@ class _Server:
     def __enter__(self) -> "_Server":
         self.srv = SGLangServer(self.opts).__enter__()
         try:
-            _one_level(self.srv.base_url, self.bench.pool[:2], 2, 8)  # warm-up: first-request costs are not throughput
+            _one_level(self.srv.base_url, self.bench.pool[:2], 2, [8, 8])  # warm-up: first-request costs are not throughput
         except BaseException:
             self.srv.stop()
             raise
@@ -381,7 +393,8 @@ class _Server:
         sets = (bench.datasets * (1 + n // len(bench.datasets)))[:n]
         echo = self.spec == "echo"
         before = scrape_echo_metrics(url) if echo else {}
-        seconds, outs, latencies = _one_level(url, prompts, c, bench.args.max_new)
+        budgets = max_new_tokens(bench.args.max_new, bench.args.max_new_jitter, n)
+        seconds, outs, latencies = _one_level(url, prompts, c, budgets)
         after = scrape_echo_metrics(url) if echo else {}
         ids = [o.output_ids for o in outs]
         steps = sum(int(o.meta.get("spec_verify_ct", 0)) for o in outs)
@@ -425,6 +438,9 @@ def main(argv: list[str] | None = None) -> None:
                          "(ports --port, --port+10, ...): ratios then span one level's minutes, not a whole pass")
     ap.add_argument("--per-set", type=int, default=10, help="prompts taken from each prompt set")
     ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--max-new-jitter", type=int, default=0,
+                    help="spread each request's max new tokens over max-new +- this (a fixed pattern), so that "
+                         "plain decoding's requests do not finish in step")
     ap.add_argument("--dtype", default="float32", help="float32 keeps the token-for-token check exact")
     ap.add_argument("--draft", default=None, help="EAGLE-3 head (default: the shipped head)")
     ap.add_argument("--echo-drafter", choices=DRAFTERS, default="eagle3",

@@ -168,3 +168,14 @@ def test_interleave_runs_each_level_config_after_config(monkeypatch):
                    ("echo", 8, 1), ("none", 8, 1), ("echo", 32, 1), ("none", 32, 1),
                    ("stop", "echo"), ("stop", "none")]
     assert [(r.config, r.concurrency, r.repeat) for r in runs] == [e for e in log if e[0] not in ("start", "stop")]
+
+
+def test_max_new_jitter_spreads_budgets_the_same_way_every_time():
+    from sglang_echo.bench.serve import max_new_tokens
+
+    assert max_new_tokens(64, 0, 5) == [64] * 5
+    budgets = max_new_tokens(64, 32, 130)
+    assert budgets == max_new_tokens(64, 32, 130)  # every config and pass asks for the same
+    assert min(budgets) == 32 and max(budgets) == 96 and sum(budgets) == 64 * 130  # two full cycles of 65
+    assert len(set(budgets[:8])) == 8  # one closed-loop wave of 8 finishes at 8 different steps
+    assert min(max_new_tokens(4, 10, 30)) >= 1
