@@ -50,10 +50,13 @@ run. Without it a batch of 8 that never decoded plainly priced a plain step from
 (``benchmarks/results/serve-smollm2-plain-probe``).
 
 The model predicts; :class:`RealisedRates` checks. Those plain probes and the drafting steps
-around them are an A/B test of the model's choice at the current load: the tokens each step
-committed per second, per batch-size bucket. Where drafting has measurably committed fewer than
-plain decoding, the step is plain, and the probe runs the other way (every ``plain_every``-th step
-drafts as the model says) so the verdict can change. A model fitted across loads and workloads
+around them (warm-up and explorations included) are an A/B test of the model's choice at the
+current load: the tokens each step committed per second, per batch-size bucket. Where drafting has
+measurably committed fewer than plain decoding, the step is plain, and the probe runs the other way
+(every ``plain_every``-th step drafts as the model says) so the verdict can change. Where it has
+committed more, the step drafts even if the model says not to, at ``K_max`` if the model sees no
+gain at all (as the explorations did): at batch 1 the model, its gains measured on steps whose trees
+the gates kept short, priced drafting just below plain decoding, while ``K_max`` steps served 1.16x. A model fitted across loads and workloads
 can be wrong in ways no single curve shows (at batch 8 it kept drafting at 0.65x of plain
 decoding, ``benchmarks/results/serve-smollm2-spend``); the measured rates cannot, up to noise.
 """
@@ -208,10 +211,16 @@ class RealisedRates:
         s = self._sums.get((half_octave(batch_size), arm))
         return s[1] / s[2] if s is not None and s[3] >= self.min_samples and s[2] > 0 else None
 
+    def verdict(self, batch_size: int) -> Optional[str]:
+        """The arm that committed more tokens per second at this load (None until both are measured)."""
+        plain, draft = self.rate(batch_size, "plain"), self.rate(batch_size, "draft")
+        if plain is None or draft is None:
+            return None
+        return "draft" if draft > plain else "plain"
+
     def drafting_loses(self, batch_size: int) -> bool:
         """Both arms measured at this load and drafting committed fewer tokens per second."""
-        plain, draft = self.rate(batch_size, "plain"), self.rate(batch_size, "draft")
-        return plain is not None and draft is not None and draft < plain
+        return self.verdict(batch_size) == "plain"
 
 
 class CostModelBudget:
@@ -247,7 +256,7 @@ class CostModelBudget:
         self._next_explore = explore_every
         self._gap_bucket: Optional[int] = None  # the batch-size bucket the gap was earned at
         self._judging = False  # an exploration ran and no verdict has followed it yet
-        self._arm: Optional[str] = None  # this step's side of the A/B test (None: warm-up or exploration)
+        self._arm: Optional[str] = None  # this step's side of the A/B test
         self._pending: deque[tuple[int, float, Optional[str], float]] = deque(maxlen=8)  # (B, drafted, arm, s)
 
     # -- the model -----------------------------------------------------------------------------
@@ -296,7 +305,7 @@ class CostModelBudget:
     def cap(self, batch_size: int) -> int:
         """This step's verification cap, roots included (``<= max(K_max, B)``)."""
         self.steps += 1
-        self._arm = None
+        self._arm = "draft"  # warm-up and explorations draft at K_max: samples of the drafting arm
         if self.spec_steps < self.warmup:
             return self.k_max
         B = batch_size
@@ -304,13 +313,18 @@ class CostModelBudget:
             self._next_explore, self._judging, self._gap_bucket = self.steps + self.explore_gap, True, half_octave(B)
             return self.k_max
         depth = self.best_depth(B)
-        loses = self.rates.drafting_loses(B)
-        self._back_off_exploring(B, drafting=depth > 0 and not loses)
-        if depth > 0 and self._probing(B) != loses:
-            depth = 0  # the other side's probe (module docstring), or drafting was measured slower
-        self._arm = "draft" if depth > 0 else "plain"
+        verdict = self.rates.verdict(B)  # the served A/B test overrules the model, either way
+        drafting = verdict == "draft" if verdict is not None else depth > 0
+        self._back_off_exploring(B, drafting)
+        if (depth > 0 or drafting) and self._probing(B):
+            drafting = not drafting  # the other side's probe (module docstring)
+        self._arm = "draft" if drafting else "plain"
+        if not drafting:
+            return min(self.k_max, B)
+        if depth == 0:  # the model sees no gain where the served rates do: draft as those steps did
+            return self.k_max
         k = min(self.k_max, B * (1 + depth))
-        if depth == 0 or k >= self.k_max:
+        if k >= self.k_max:
             return k
         # Below Eq. 2's knee verified tokens are (nearly) free: extend the cap while the verify
         # pass grows by at most `free_share` of the step, for Alg. 1 to spend (confident depth,

@@ -144,6 +144,20 @@ def test_a_verdict_for_drafting_resets_the_exploration_gap():
     assert budget.explore_gap == 4
 
 
+def test_measured_rates_overrule_a_model_that_says_plain():
+    """The model prices drafting below plain decoding (its gains were measured on short, rejected
+    trees), but served, drafting steps commit 3 tokens in 0.08 s and plain ones 1 in 0.032 s: the
+    steps draft at K_max, as those did, and every ``plain_every``-th one probes plain decoding."""
+    budget = CostModelBudget(k_max=48, max_depth=3, warmup=0, explore_every=1000, plain_every=4)
+    feed(budget, steps=3, B=1, depth=1, accept=[0.0], verify=lambda K: 0.03 * K, draft_per_depth=0.01)
+    assert budget.best_depth(1) == 0
+    assert [budget.cap(1) for _ in range(4)] == [1, 1, 1, 1]  # nothing served to overrule it yet
+    for _ in range(3):
+        budget.rates.add(1, "plain", 1, 0.032)
+        budget.rates.add(1, "draft", 3, 0.08)
+    assert [budget.cap(1) for _ in range(8)] == [48, 1, 48, 48, 48, 1, 48, 48]  # calls 5..12: 6 and 10 probe
+
+
 def test_plain_steps_probe_the_alternative_while_drafting_pays():
     """Drafting pays (flat verify), so every 4th step that would draft decodes plainly instead;
     the K_max exploration steps keep their own turn."""
