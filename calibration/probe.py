@@ -17,8 +17,9 @@ and the recorder appends one line per step::
 single-token probability at depth d, ``a_i`` the number of draft tokens the target accepted, so
 depth d is *accepted* when ``a_i >= d``. ``rid`` and ``pos`` (the request and its root's
 position) name each sample, so two runs can be compared position by position (a request's
-drafts at a position depend on its committed tokens only, not on the batch around it). Lines are flushed as they are written: an interrupted
-calibration keeps every finished step, and a torn last line is skipped on reading.
+drafts at a position depend on its committed tokens only, not on the batch around it). Lines
+are flushed as they are written: an interrupted calibration keeps every finished step, and a
+torn last line is skipped on reading.
 
 Under overlap scheduling sglang reports a step's accept counts after the next step has drafted,
 so drafted steps wait in a FIFO; a step whose batch size does not match its accept counts is

@@ -31,6 +31,7 @@ import platform
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -329,8 +330,6 @@ def _in_order(names: list[str], rep: int) -> list[str]:
 def _interleaved(bench: "_Bench", names: list[str]) -> list[Run]:
     """Every config's server up at once (idle ones sleep), and each level of each pass run for
     every config back to back: what drifts in between is one level's minutes, not a whole pass's."""
-    from contextlib import ExitStack
-
     runs = []
     with ExitStack() as stack:
         servers = {name: stack.enter_context(_Server(bench, name, bench.args.port + 10 * i))
@@ -376,7 +375,8 @@ class _Server:
     def __enter__(self) -> "_Server":
         self.srv = SGLangServer(self.opts).__enter__()
         try:
-            _one_level(self.srv.base_url, self.bench.pool[:2], 2, [8, 8])  # warm-up: first-request costs are not throughput
+            # warm-up: first-request costs are not throughput
+            _one_level(self.srv.base_url, self.bench.pool[:2], 2, [8, 8])
         except BaseException:
             self.srv.stop()
             raise

@@ -43,8 +43,8 @@ the step gets the full ``K_max``, so ``G``, ``F`` and ``t_draft`` keep being mea
 model says not to speculate. Such a step is the dearest there is (at batch 8 on the CPU about three
 plain steps), so while explorations keep confirming plain decoding their interval doubles, up to
 ``explore_backoff`` times ``explore_every``; a verdict for drafting, or a batch size in another
-half-octave, brings it back to ``explore_every``. While it says to speculate, every ``plain_every``-th step
-is plain decoding, so ``T_verify(B)`` and ``t_rest(B)`` are measured where the alternative would
+half-octave, brings it back to ``explore_every``. While it says to speculate, every
+``plain_every``-th step is plain decoding, so ``T_verify(B)`` and ``t_rest(B)`` are measured where the alternative would
 run. Without it a batch of 8 that never decoded plainly priced a plain step from one slow
 8-token verify of a batch of 2, and drafted at 0.74x of plain decoding
 (``benchmarks/results/serve-smollm2-plain-probe``).
@@ -56,8 +56,8 @@ measurably committed fewer than plain decoding, the step is plain, and the probe
 (every ``plain_every``-th step drafts as the model says) so the verdict can change. Where it has
 committed more, the step drafts even if the model says not to, at ``K_max`` if the model sees no
 gain at all (as the explorations did): at batch 1 the model, its gains measured on steps whose trees
-the gates kept short, priced drafting just below plain decoding, while ``K_max`` steps served 1.16x. A model fitted across loads and workloads
-can be wrong in ways no single curve shows (at batch 8 it kept drafting at 0.65x of plain
+the gates kept short, priced drafting just below plain decoding, while ``K_max`` steps served 1.16x.
+A model fitted across loads and workloads can be wrong in ways no single curve shows (at batch 8 it kept drafting at 0.65x of plain
 decoding, ``benchmarks/results/serve-smollm2-spend``); the measured rates cannot, up to noise.
 """
 
@@ -234,14 +234,15 @@ class CostModelBudget:
     def __init__(self, k_max: int, max_depth: int, *, padded_width: Optional[int] = None,
                  warmup: int = 16, explore_every: int = 64, explore_backoff: int = 16, plain_every: int = 16,
                  decay: float = 0.98, free_share: float = 0.02) -> None:
-        if k_max < 1 or max_depth < 0 or warmup < 0 or explore_every < 2 or plain_every < 2:
-            raise ValueError(f"need k_max >= 1, max_depth >= 0, warmup >= 0, explore_every >= 2, plain_every >= 2; "
-                             f"got k_max={k_max} max_depth={max_depth} warmup={warmup} explore_every={explore_every} "
+        if k_max < 1 or max_depth < 0 or warmup < 0 or explore_every < 2 or explore_backoff < 1 or plain_every < 2:
+            raise ValueError(f"need k_max >= 1, max_depth >= 0, warmup >= 0, explore_every >= 2, explore_backoff >= 1, "
+                             f"plain_every >= 2; got k_max={k_max} max_depth={max_depth} warmup={warmup} "
+                             f"explore_every={explore_every} explore_backoff={explore_backoff} "
                              f"plain_every={plain_every}")
         self.k_max, self.max_depth = k_max, max_depth
         self.padded_width = padded_width  # None: ragged verify (the target computes sum K_i tokens)
         self.warmup, self.explore_every, self.plain_every, self.decay = warmup, explore_every, plain_every, decay
-        self.explore_backoff = max(explore_backoff, 1)
+        self.explore_backoff = explore_backoff
         self.free_share = free_share  # verify time a step may add for free tokens (see cap)
         self.verify = CostCurve(decay)  # seconds vs target tokens
         self.draft = CostCurve(decay)  # seconds per draft forward vs batch size

@@ -73,6 +73,12 @@ def pool_slots(batch) -> list[int]:
     return batch.req_pool_indices.tolist()
 
 
+def root_positions(batch) -> Tensor:
+    """Each request's root position (its committed length, ``seq_lens``), on the host, from
+    sglang's host copy where it keeps one."""
+    return batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
+
+
 def catch_up(worker, batch, draft_input, backlog: DraftBacklog) -> int:
     """One draft extend over the pending pairs of ``batch``'s requests; returns the pairs extended.
 
@@ -90,8 +96,7 @@ def catch_up(worker, batch, draft_input, backlog: DraftBacklog) -> int:
     rows = torch.nonzero(n_all > 0).flatten()
     if rows.numel() == 0:
         return 0
-    root_lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
-    n, q = n_all[rows], root_lens[rows].to(torch.int64)
+    n, q = n_all[rows], root_positions(batch)[rows].to(torch.int64)
     rows_list = rows.tolist()
     pending_slots = [slots[i] for i in rows_list]
     dev = worker.device

@@ -53,7 +53,7 @@ from sglang_echo.core.policy import build_trees
 from .config import (EchoConfig, configured_drafter, load_calibration_for, load_config, make_echo_policy,
                      make_step_budget)
 from .drafter import EagleFrontierDrafter
-from .lazy_extend import DraftBacklog, catch_up, pool_slots
+from .lazy_extend import DraftBacklog, catch_up, pool_slots, root_positions
 from .metrics import EchoMetrics, TimedDrafter, _noop, timing_sync
 from .padded import step_width, to_sglang_dense
 from .ragged import MARK, resolve_verify_mode, target_tokens
@@ -228,8 +228,8 @@ class EchoDraftWorker(EagleDraftWorker):
         if self.echo_metrics is not None:
             self.echo_metrics.on_tree_depths(batch.reqs, st.depths)
         if self.echo_probe is not None:
-            roots_at = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
-            self.echo_probe.on_draft(state.pool, policy.max_depth, [r.rid for r in batch.reqs], roots_at.tolist())
+            self.echo_probe.on_draft(state.pool, policy.max_depth, [r.rid for r in batch.reqs],
+                                     root_positions(batch).tolist())
         return verify_input
 
 

@@ -261,6 +261,8 @@ def test_bad_settings_are_refused():
         CostModelBudget(k_max=0, max_depth=4)
     with pytest.raises(ValueError, match="explore_every"):
         CostModelBudget(k_max=8, max_depth=4, explore_every=1)
+    with pytest.raises(ValueError, match="explore_backoff=0"):
+        CostModelBudget(k_max=8, max_depth=4, explore_backoff=0)
     with pytest.raises(ValueError, match="plain_every"):
         CostModelBudget(k_max=8, max_depth=4, plain_every=1)
 
