@@ -70,6 +70,9 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
     # The same with a K_max exploration every 64 steps whatever they find (no back-off).
     "echo-cost-explore64": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost",
                                                     "SGLANG_ECHO_EXPLORE_BACKOFF": "1"}),
+    # ECHO that never drafts (a cap of the roots alone): what its plain steps cost beyond plain decoding,
+    # the floor the cost budget reaches where it decides not to speculate.
+    "echo-plain": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": "1"}),
     "echo-ngram-cost": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "ngram",
                                                 "SGLANG_ECHO_BUDGET": "cost"}),
 }

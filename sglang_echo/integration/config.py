@@ -328,3 +328,16 @@ def make_step_budget(cfg: EchoConfig, policy, padded_width: Optional[int]):
     from sglang_echo.core.budget import CostModelBudget
 
     return CostModelBudget(cfg.k_max, policy.max_depth, padded_width=padded_width, explore_backoff=cfg.explore_backoff)
+
+
+def check_consistent(cfg: EchoConfig, steps: int, topk: int, num_draft_tokens: int) -> None:
+    """The scheduler's server args must be what ``EchoSpecAlgo.handle_server_args`` set."""
+    problems = []
+    if steps != cfg.max_depth:
+        problems.append(f"--speculative-num-steps={steps} but ECHO max_depth={cfg.max_depth}")
+    if topk < max(2, cfg.w_max, cfg.frontier_width):
+        problems.append(f"--speculative-eagle-topk={topk} < ECHO w_max={cfg.w_max}")
+    if num_draft_tokens != cfg.resolved_width():
+        problems.append(f"--speculative-num-draft-tokens={num_draft_tokens} but ECHO width={cfg.resolved_width()}")
+    if problems:
+        raise ValueError("ECHO: inconsistent speculative settings: " + "; ".join(problems))

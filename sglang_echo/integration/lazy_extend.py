@@ -7,8 +7,8 @@ step (every ``K_i = 1``: ``budget: cost`` chose plain decoding, or the gates cut
 has no use for those children unless the next step drafts, yet the extend cost about 6% of
 such a step on the CPU (``benchmarks/results/serve-smollm2-lazy-extend``).
 
-So on a plain step the worker only records each request's pair here (:meth:`DraftBacklog.
-append`), and :func:`catch_up` runs one draft extend over every pending pair of the requests
+So on a plain step the worker only records each request's pair here (:func:`defer_extend`),
+and :func:`catch_up` runs one draft extend over every pending pair of the requests
 that have some, right before a step that may draft (or when a backlog is full). The draft KV
 it writes and the children it computes are exactly what the per-step extends would have given:
 a pair's KV depends on the pair alone, and causal attention over the positions in order
@@ -18,6 +18,13 @@ relayed top-k of a pending request is a zero placeholder (probability 0: never p
 The backlog is indexed by the request's ``req_pool_idx``: it is stable while the request lives,
 so filtering and merging batches needs nothing, and a prefill (a new request in the slot, or a
 retracted one coming back) clears it. Host-side lengths decide without a device sync.
+
+Known limit: a request that finishes with pairs still pending leaves the draft KV of those
+positions unwritten, and sglang's radix cache keeps the finished sequence's KV slots for reuse.
+A later request that extends the cached sequence (the next turn of a chat) drafts over that gap
+in its draft attention. The output stays exact, because the target verifies every token, but those
+drafts are worse than an eager extend's. Catching up at finish would need a hook into sglang's
+request-finish path, and would also spend the work that deferring saves.
 """
 
 from __future__ import annotations
@@ -58,10 +65,9 @@ class DraftBacklog:
         if self.full(slots):
             raise RuntimeError("ECHO lazy extend: backlog full; catch up before appending")
         n = self.lens[slots]
-        rows = torch.tensor(slots, device=self.device)
-        cols = n.to(self.device)
-        self.feats[rows, cols] = feats
-        self.tokens[rows, cols] = tokens.to(torch.int64)
+        cells = (torch.tensor(slots) * self.capacity + n).to(self.device)  # row-major (slot, column) cells
+        self.feats.view(-1, self.feats.shape[-1]).index_copy_(0, cells, feats.to(self.feats.dtype))
+        self.tokens.view(-1).index_copy_(0, cells, tokens.to(torch.int64))
         self.lens[slots] = n + 1
 
 
@@ -139,3 +145,17 @@ def catch_up(worker, batch, draft_input, backlog: DraftBacklog) -> int:
     if draft_input.hidden_states is not None and out.hidden_states is not None:
         draft_input.hidden_states[rows_dev] = out.hidden_states.to(draft_input.hidden_states.dtype)
     return int(n.sum())
+
+
+def defer_extend(worker, batch, batch_result) -> None:
+    """A plain step's draft extend, deferred: keep each request's pair (the root's features, the
+    bonus token after it) in the worker's backlog, catching a full backlog up first."""
+    bs, W = batch.seq_lens.shape[0], worker.echo_step.width
+    slots = pool_slots(batch)
+    nxt = batch_result.next_draft_input
+    worker._relay_placeholders(nxt)
+    if worker.echo_backlog.full(slots):  # the pending pairs end right before this step's roots
+        worker._record_lazy(caught_up=catch_up(worker, batch, nxt, worker.echo_backlog))
+    feats = batch_result.logits_output.hidden_states.view(bs, W, -1)[:, 0]
+    worker.echo_backlog.append(slots, feats, batch_result.next_token_ids.view(bs, -1)[:, 0])
+    worker._record_lazy(deferred=bs)

@@ -52,7 +52,8 @@ from sglang_echo.core.policy import Frontier, build_trees
 from sglang_echo.core.tree import Candidates, NodePool
 from sglang_echo.drafters.ngram import NGramDrafter
 
-from .config import EchoConfig, load_calibration_for, load_config, make_echo_policy, make_step_budget
+from .config import (EchoConfig, check_consistent, load_calibration_for, load_config, make_echo_policy,
+                     make_step_budget)
 from .history import History
 from .metrics import EchoMetrics, TimedDrafter, timing_sync
 from .padded import step_width, to_sglang_dense
@@ -247,8 +248,6 @@ def _define_worker():
             self.adaptive_controller = None
             self._prev_decode_rids = set()
             self.grammar_tree_host = None
-
-            from .worker import check_consistent
 
             cfg = load_config(num_steps=self.speculative_num_steps, topk=self.topk,
                               num_draft_tokens=self.speculative_num_draft_tokens)

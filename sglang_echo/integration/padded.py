@@ -73,6 +73,26 @@ def to_sglang_dense(trees: DraftTrees, seq_lens: Tensor, width: int, full_mask: 
     )
 
 
+def plain_dense(roots: Tensor, seq_lens: Tensor, full_mask: bool = False) -> DenseVerifyTensors:
+    """The width-1 layout of a step whose every tree is its root alone: what :func:`to_sglang_dense`
+    packs for such trees, built directly (a plain step should cost about a plain decode step)."""
+    B, dev = roots.numel(), roots.device
+    seq_lens = seq_lens.to(dev).long()
+    visible = torch.ones(B, 1, 1, dtype=torch.bool, device=dev)
+    no_link = torch.full((B, 1), -1, dtype=torch.int64, device=dev)
+    return DenseVerifyTensors(
+        draft_token=roots.long(),
+        positions=seq_lens.clone(),
+        custom_mask=full_prefix_rows(visible, seq_lens) if full_mask else visible.flatten(),
+        retrieve_index=torch.arange(B, device=dev, dtype=torch.int64).view(B, 1),
+        retrieve_next_token=no_link,
+        retrieve_next_sibling=no_link.clone(),
+        tree_mask=visible,
+        valid=visible[:, :, 0],
+        sizes=torch.ones(B, dtype=torch.int32, device=dev),
+    )
+
+
 def full_prefix_rows(mask: Tensor, seq_lens: Tensor) -> Tensor:
     """FULL_MASK layout: request ``b``'s ``W`` rows, each ``[L_b ones | mask[b, j]]``, concatenated.
 

@@ -24,6 +24,9 @@
 * Lazy extend (:mod:`.lazy_extend`, ``lazy_extend``, EAGLE-3 and DART drafters): a plain step
   (every ``K_i = 1``) skips the draft extend and keeps its pairs; the next step that may draft
   extends over them first, so runs of plain steps cost about a plain decode step.
+* Plain steps (:meth:`EchoDraftWorker.plain_step`): a step whose cap leaves no room for drafts
+  skips the draft setup and the policy's loop and packs its roots directly (:func:`.padded.
+  plain_dense`).
 * Timing (:mod:`.metrics`): ``draft()`` splits its wall time into control (``build_trees``
   minus the drafter's ``propose``, plus packing) and drafting, ``verify()`` times the verify
   pass, :meth:`EchoWorker.forward_batch_generation` the whole decode step.
@@ -50,12 +53,12 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 from sglang_echo.calibration.probe import ProbeRecorder
 from sglang_echo.core.policy import build_trees
 
-from .config import (EchoConfig, configured_drafter, load_calibration_for, load_config, make_echo_policy,
-                     make_step_budget)
+from .config import (EchoConfig, check_consistent, configured_drafter, load_calibration_for, load_config,
+                     make_echo_policy, make_step_budget)
 from .drafter import EagleFrontierDrafter
-from .lazy_extend import DraftBacklog, catch_up, pool_slots, root_positions
+from .lazy_extend import DraftBacklog, catch_up, defer_extend, pool_slots, root_positions
 from .metrics import EchoMetrics, TimedDrafter, _noop, timing_sync
-from .padded import step_width, to_sglang_dense
+from .padded import plain_dense, step_width, to_sglang_dense
 from .ragged import MARK, resolve_verify_mode, target_tokens
 
 log = logging.getLogger(__name__)
@@ -138,62 +141,105 @@ class EchoDraftWorker(EagleDraftWorker):
         finally:
             self.speculative_num_draft_tokens = saved
 
+    def plain_step(self, cap: Optional[int], bs: int) -> bool:
+        """A step that cannot draft and is laid out 1 wide: its verify input is built directly
+        (:func:`.padded.plain_dense`), skipping the draft setup (the draft tokens' KV slots, the
+        draft attention metadata, the drafter) and the policy's loop, so that such a step costs
+        about a plain decode step. The calibration probe records every step's trees: it keeps the
+        full path."""
+        return self.echo_step_width and self.echo_probe is None and not self._may_draft(cap, bs)
+
     def draft(self, batch, *, with_topology: bool = False):
         if with_topology:
             raise NotImplementedError("ECHO does not support pipeline parallelism (pp_size > 1)")
         t_entry = time.perf_counter()
-        sync = self.echo_sync
-        steps, W = self.speculative_num_steps, self.echo_width  # W: the widest layout (prepare, idle)
-        draft_input = batch.spec_info
-        forward_batch, _graph, kv_loc_plan = prepare_for_draft(
-            draft_input, self.req_to_token_pool, batch, None, self.draft_runner, self.topk, steps,
-            target_translator=self.target_worker.model_runner.kv_index_translator,
-            num_draft_tokens=W,
-        )
         st = self.echo_step = EchoStepState()
         if batch.forward_mode.is_idle():
+            self._prepare_draft(batch)
             st.sizes = torch.zeros(0, dtype=torch.int32, device=self.device)
-            return EchoVerifyInput.create_idle_input(self.topk, steps, W, self.device)
-
+            return EchoVerifyInput.create_idle_input(self.topk, self.speculative_num_steps, self.echo_width,
+                                                     self.device)
         bs = batch.seq_lens.shape[0]
-        policy = self.echo_policy
+        roots = batch.spec_info.bonus_tokens.reshape(bs).long()
+        verify_mask, full_mask = self._verify_mask()
         st.cap = None if self.echo_budget is None else self.echo_budget.cap(bs)
-        if self.echo_backlog is not None and self._may_draft(st.cap, bs):
-            self._record_lazy(caught_up=catch_up(self, batch, draft_input, self.echo_backlog))
+        kv_loc_plan, trees, state = None, None, None
+        if self.plain_step(st.cap, bs):
+            t_build = t_pack = time.perf_counter()
+            dense = plain_dense(roots, batch.seq_lens, full_mask)
+            st.sizes, propose_s = dense.sizes, 0.0
+        else:
+            forward_batch, kv_loc_plan = self._prepare_draft(batch)
+            if self.echo_backlog is not None and self._may_draft(st.cap, bs):
+                self._record_lazy(caught_up=catch_up(self, batch, batch.spec_info, self.echo_backlog))
+            drafter = TimedDrafter(self._frontier(batch, forward_batch, roots), self.echo_sync)
+            self.echo_sync()
+            t_build = time.perf_counter()
+            trees, state = build_trees(self.echo_policy, drafter, roots, k_max=st.cap)
+            t_pack = time.perf_counter()  # control: [t_build, t_pack) minus propose, then packing
+            st.sizes, propose_s = trees.sizes.to(torch.int32), drafter.seconds
+            st.gate_evaluated, st.gate_passed = state.gate_evaluated, state.gate_passed
+            st.draft_forwards = drafter.forwards
+            dense = to_sglang_dense(trees, batch.seq_lens, self.step_width(st.sizes), full_mask=full_mask)
+        st.verified = int(st.sizes.sum())
+        st.width = width = self.step_width(st.sizes)
+        verify_input = self._verify_input(dense, width, verify_mask, bs, kv_loc_plan)
+        if self.echo_ragged and int(st.sizes.min()) < width:  # all K_i == W_s: dense is ragged
+            setattr(verify_input, MARK, st.sizes)
+        self.echo_sync()
+        t_end = time.perf_counter()
+        st.control_s = (t_pack - t_build - propose_s) + (t_end - t_pack)
+        st.draft_s = (t_end - t_entry) - st.control_s
+        st.timed = True
+        # Bookkeeping outside the timed phases (it is in the step time): per-request depths, probe.
+        st.depths = torch.zeros(bs, dtype=torch.int64, device=self.device) if trees is None else trees.max_depth()
+        if self.echo_metrics is not None:
+            self.echo_metrics.on_tree_depths(batch.reqs, st.depths)
+        if self.echo_probe is not None:
+            self.echo_probe.on_draft(state.pool, self.echo_policy.max_depth, [r.rid for r in batch.reqs],
+                                     root_positions(batch).tolist())
+        return verify_input
+
+    def _prepare_draft(self, batch):
+        """sglang's draft-decode batch (the draft tokens' KV slots) and its KV plan (GPU chains only)."""
+        forward_batch, _graph, kv_loc_plan = prepare_for_draft(
+            batch.spec_info, self.req_to_token_pool, batch, None, self.draft_runner, self.topk,
+            self.speculative_num_steps, target_translator=self.target_worker.model_runner.kv_index_translator,
+            num_draft_tokens=self.echo_width,  # the widest layout
+        )
+        return forward_batch, kv_loc_plan
+
+    def _frontier(self, batch, forward_batch, roots):
+        """The configured drafter's side of the core's drafter protocol, for this step."""
+        bs, draft_input = roots.numel(), batch.spec_info
         if self.echo_dart is not None:
             from .dart import DartFrontierDrafter
 
-            frontier = DartFrontierDrafter(self, batch, draft_input, self.echo_dart, self.echo_history)
-        elif self.echo_dflash is not None:
+            return DartFrontierDrafter(self, batch, draft_input, self.echo_dart, self.echo_history)
+        if self.echo_dflash is not None:
             from .dflash import DFlashFrontierDrafter
 
-            frontier = DFlashFrontierDrafter(self, batch, draft_input.bonus_tokens.reshape(bs).long(), self.echo_dflash)
-        else:
-            if policy.max_depth > 1 and steps > 1:
-                self.draft_attn_backend.init_forward_metadata(forward_batch)
-                forward_batch.mark_forward_metadata_ready()
-            out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc, bs, self.topk, steps)
-            frontier = EagleFrontierDrafter(self, forward_batch, draft_input, out_cache_loc)
-        drafter = TimedDrafter(frontier, sync)
-        roots = draft_input.bonus_tokens.reshape(bs).long()
-        sync()
-        t_build = time.perf_counter()
-        trees, state = build_trees(policy, drafter, roots, k_max=st.cap)
-        t_pack = time.perf_counter()  # control: [t_build, t_pack) minus propose, then packing
-        st.sizes = trees.sizes.to(torch.int32)
-        st.verified = int(st.sizes.sum())
-        st.width = width = self.step_width(st.sizes)
-        st.gate_evaluated, st.gate_passed = state.gate_evaluated, state.gate_passed
-        st.draft_forwards = drafter.forwards
+            return DFlashFrontierDrafter(self, batch, roots, self.echo_dflash)
+        steps = self.speculative_num_steps
+        if self.echo_policy.max_depth > 1 and steps > 1:
+            self.draft_attn_backend.init_forward_metadata(forward_batch)
+            forward_batch.mark_forward_metadata_ready()
+        out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc, bs, self.topk, steps)
+        return EagleFrontierDrafter(self, forward_batch, draft_input, out_cache_loc)
 
+    def _verify_mask(self):
+        """The target backend's preallocated verify mask (None: none) and whether the layout is FULL_MASK."""
         verify_mask = self.target_worker.model_runner.attn_backend.verify_mask
         mode = self.tree_mask_mode if verify_mask is None else verify_mask.mode
         if mode not in (TreeMaskMode.QLEN_ONLY, TreeMaskMode.FULL_MASK):
             raise NotImplementedError(f"ECHO: tree mask mode {mode} is not supported yet")
-        dense = to_sglang_dense(trees, batch.seq_lens, width, full_mask=mode == TreeMaskMode.FULL_MASK)
+        return verify_mask, mode == TreeMaskMode.FULL_MASK
+
+    def _verify_input(self, dense, width: int, verify_mask, bs: int, kv_loc_plan) -> EchoVerifyInput:
+        """sglang's verify input for the packed trees (the mask copied into a preallocated buffer)."""
         custom_mask = dense.custom_mask
         if verify_mask is not None and verify_mask.fits(bs):
-            if mode != TreeMaskMode.QLEN_ONLY:
+            if verify_mask.mode != TreeMaskMode.QLEN_ONLY:
                 raise NotImplementedError("ECHO: preallocated FULL_MASK verify buffers (CUDA graphs) are not supported yet")
             buf = verify_mask.buffer.view(-1)[: custom_mask.numel()]
             buf.copy_(custom_mask.to(buf.dtype))
@@ -206,7 +252,7 @@ class EchoDraftWorker(EagleDraftWorker):
             retrieve_next_token=dense.retrieve_next_token,
             retrieve_next_sibling=dense.retrieve_next_sibling,
             retrieve_cum_len=None,
-            spec_steps=min(steps, width - 1),  # a tree of K nodes is at most K - 1 deep
+            spec_steps=min(self.speculative_num_steps, width - 1),  # a tree of K nodes is at most K - 1 deep
             topk=self.topk,
             draft_token_num=width,
             capture_hidden_mode=None,
@@ -216,20 +262,6 @@ class EchoDraftWorker(EagleDraftWorker):
         if kv_loc_plan is not None:
             verify_input.kv_loc_plan = kv_loc_plan
             verify_input.prepared_out_cache_loc = kv_loc_plan.write_virtual
-        if self.echo_ragged and int(st.sizes.min()) < width:  # all K_i == W_s: dense is ragged
-            setattr(verify_input, MARK, st.sizes)
-        sync()
-        t_end = time.perf_counter()
-        st.control_s = (t_pack - t_build - drafter.seconds) + (t_end - t_pack)
-        st.draft_s = (t_end - t_entry) - st.control_s
-        st.timed = True
-        # Bookkeeping outside the timed phases (it is in the step time): per-request depths, probe.
-        st.depths = trees.max_depth()
-        if self.echo_metrics is not None:
-            self.echo_metrics.on_tree_depths(batch.reqs, st.depths)
-        if self.echo_probe is not None:
-            self.echo_probe.on_draft(state.pool, policy.max_depth, [r.rid for r in batch.reqs],
-                                     root_positions(batch).tolist())
         return verify_input
 
 
@@ -294,24 +326,11 @@ class EchoDraftWorker(EagleDraftWorker):
         st = self.echo_step
         if (self.echo_backlog is not None and not batch.forward_mode.is_idle() and st.sizes is not None
                 and st.verified == st.sizes.numel()):  # a plain step: every K_i = 1
-            return self._defer_extend(batch, batch_result)
+            return defer_extend(self, batch, batch_result)
         with self.width_for(batch_result.speculative_num_draft_tokens or self.speculative_num_draft_tokens):
             if self.echo_dflash is None:
                 return super()._draft_extend_for_decode(batch, batch_result, kv_loc_plan=kv_loc_plan)
             return self._dflash_extend_for_decode(batch, batch_result, kv_loc_plan)
-
-    def _defer_extend(self, batch, batch_result):
-        """Lazy extend (:mod:`.lazy_extend`): keep each request's pair (the root's features, the bonus
-        token after it) instead of extending; a full backlog is caught up first."""
-        bs, W = batch.seq_lens.shape[0], self.echo_step.width
-        slots = pool_slots(batch)
-        nxt = batch_result.next_draft_input
-        self._relay_placeholders(nxt)
-        if self.echo_backlog.full(slots):  # the pending pairs end right before this step's roots
-            self._record_lazy(caught_up=catch_up(self, batch, nxt, self.echo_backlog))
-        feats = batch_result.logits_output.hidden_states.view(bs, W, -1)[:, 0]
-        self.echo_backlog.append(slots, feats, batch_result.next_token_ids.view(bs, -1)[:, 0])
-        self._record_lazy(deferred=bs)
 
     def _record_lazy(self, **tokens: int) -> None:
         if self.echo_metrics is not None:
@@ -487,16 +506,3 @@ class EchoWorker(EAGLEWorkerV2):
             self.echo_budget.observe_accept(num_correct_drafts_per_req)
         if self.echo_probe is not None:
             self.echo_probe.on_accept(num_correct_drafts_per_req)
-
-
-def check_consistent(cfg: EchoConfig, steps: int, topk: int, num_draft_tokens: int) -> None:
-    """The scheduler's server args must be what ``EchoSpecAlgo.handle_server_args`` set."""
-    problems = []
-    if steps != cfg.max_depth:
-        problems.append(f"--speculative-num-steps={steps} but ECHO max_depth={cfg.max_depth}")
-    if topk < max(2, cfg.w_max, cfg.frontier_width):
-        problems.append(f"--speculative-eagle-topk={topk} < ECHO w_max={cfg.w_max}")
-    if num_draft_tokens != cfg.resolved_width():
-        problems.append(f"--speculative-num-draft-tokens={num_draft_tokens} but ECHO width={cfg.resolved_width()}")
-    if problems:
-        raise ValueError("ECHO: inconsistent speculative settings: " + "; ".join(problems))

@@ -10,7 +10,9 @@ argument resolution, scheduler, detokenizer, DP controller). On a CPU-engine pro
    `eagle_utils.eagle_sample`) sample at temperature > 0 instead of committing the argmax; see
    `_verify_uses_greedy` and `_bind_verify_sampling_ops` below;
 5. runs unquantized linears and plain LM heads on oneDNN-prepacked weights (`packed_linear`:
-   about 2x faster at decode/verify shapes, and batch invariant).
+   about 2x faster at decode/verify shapes, and batch invariant);
+6. with ``SGLANG_ECHO_STEP_TIMES=1``, logs the scheduler's step time per kind and batch size
+   (`step_times`), for servers with and without speculation alike.
 On any other process (GPU servers) it does nothing.
 """
 
@@ -20,7 +22,7 @@ import importlib
 import logging
 from typing import Any, Callable
 
-from sglang_echo.platform import kernel_finder, packed_linear
+from sglang_echo.platform import kernel_finder, packed_linear, step_times
 from sglang_echo.platform.attention import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
@@ -132,4 +134,5 @@ def register() -> None:
     _bind_verify_sampling_ops()
     HookRegistry.register(f"{_EAGLE_UTILS}._verify_uses_greedy", _verify_uses_greedy, HookType.AROUND)
     packed_linear.register(HookRegistry, HookType.AROUND)
+    step_times.register(HookRegistry, HookType.AROUND)
     logger.info("sglang_echo CPU platform: registered attention backend %r", BACKEND_NAME)

@@ -10,7 +10,7 @@ from sglang_echo.core.policy import build_trees
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
 from sglang_echo.core.factory import POLICIES
 from sglang_echo.integration.config import load_config, make_echo_policy
-from sglang_echo.integration.padded import to_sglang_dense
+from sglang_echo.integration.padded import plain_dense, to_sglang_dense
 
 
 def _trees(policy_name: str, B: int = 6, k_max: int = 20, seed: int = 0, **env):
@@ -85,6 +85,22 @@ def test_full_mask_layout():
         block = d.custom_mask[off: off + W * (L + W)].view(W, L + W)
         assert block[:, :L].all() and torch.equal(block[:, L:], d.tree_mask[b])
         off += W * (L + W)
+
+
+@pytest.mark.parametrize("full_mask", [False, True])
+def test_plain_dense_is_the_root_only_layout(full_mask):
+    """A step capped at its roots builds its width-1 layout directly: it must be exactly what the
+    trees the policy builds under that cap pack into."""
+    B = 5
+    cfg = load_config(environ={"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": "64"})
+    roots = torch.arange(B) + 7
+    trees, _ = build_trees(make_echo_policy(cfg), SyntheticDrafter(SyntheticWorld(B)), roots, k_max=B)
+    assert trees.sizes.tolist() == [1] * B
+    seq_lens = torch.tensor([5, 9, 3, 12, 7])
+    want, got = to_sglang_dense(trees, seq_lens, 1, full_mask=full_mask), plain_dense(roots, seq_lens, full_mask)
+    for name in want.__dataclass_fields__:
+        a, b = getattr(want, name), getattr(got, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
 
 
 def test_padding_is_never_accepted():

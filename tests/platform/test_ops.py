@@ -15,14 +15,25 @@ def _pool(g: torch.Generator, reqs: int = 8, pool_len: int = 64) -> torch.Tensor
     return torch.randint(0, 10_000, (reqs, pool_len), generator=g, dtype=torch.int32)
 
 
+def _ends(g: torch.Generator, start: torch.Tensor, width) -> torch.Tensor:
+    """Ragged ranges (width None), or all of one width (every decode / plain verify step: the ops' fast path)."""
+    if width is None:
+        return start + torch.randint(0, 20, start.shape, generator=g)
+    return start + width
+
+
+WIDTHS = [None, 0, 1, 3]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_assign_req_to_token_pool(seed: int) -> None:
+def test_assign_req_to_token_pool(seed: int, width) -> None:
     g = torch.Generator().manual_seed(seed)
     r2t = _pool(g)
     bs = 5
     req = torch.randperm(8, generator=g)[:bs]
     start = torch.randint(0, 30, (bs,), generator=g)
-    end = start + torch.randint(0, 20, (bs,), generator=g)
+    end = _ends(g, start, width)
     loc = torch.randint(0, 9999, (int((end - start).sum()),), generator=g)
     a, b = r2t.clone(), r2t.clone()
     ops.assign_req_to_token_pool_cpu(req, a, start, end, loc, a.shape[1])
@@ -30,14 +41,15 @@ def test_assign_req_to_token_pool(seed: int) -> None:
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_assign_extend_cache_locs(seed: int) -> None:
+def test_assign_extend_cache_locs(seed: int, width) -> None:
     g = torch.Generator().manual_seed(seed)
     r2t = _pool(g)
     bs = 4
     req = torch.randperm(8, generator=g)[:bs]
     start = torch.randint(0, 30, (bs,), generator=g)
-    end = start + torch.randint(0, 20, (bs,), generator=g)
+    end = _ends(g, start, width)
     a = torch.full((int((end - start).sum()) + 3,), -7, dtype=torch.int64)
     b = a.clone()
     ops.assign_extend_cache_locs_cpu(req, r2t, start, end, a, r2t.shape[1])

@@ -1,0 +1,52 @@
+"""The scheduler step timer (platform.step_times): the hook times run_batch by step kind and batch
+size, logs its totals, and the comparison reads them back from server logs."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+from sglang_echo.platform import step_times
+
+
+def _batch(mode: str, bs: int):
+    kinds = {"decode": (True, False, False), "verify": (False, True, True), "extend": (False, False, True),
+             "idle": (False, False, False)}
+    decode, verify, extend = kinds[mode]
+    forward_mode = SimpleNamespace(is_decode=lambda: decode, is_target_verify=lambda: verify,
+                                   is_extend=lambda: extend)
+    return SimpleNamespace(forward_mode=forward_mode, reqs=[None] * bs)
+
+
+def test_run_batch_is_timed_by_kind_and_batch_size(monkeypatch, caplog):
+    ticks = iter(range(1000))
+    times = step_times.StepTimes(clock=lambda: float(next(ticks)))
+    monkeypatch.setattr(step_times, "_TIMES", times)
+    monkeypatch.setattr(step_times, "LOG_EVERY_S", 0.0)  # log after every step
+    calls = []
+
+    def run_batch(scheduler, batch):
+        calls.append(batch)
+        return "result"
+
+    with caplog.at_level(logging.INFO, logger=step_times.__name__):
+        for mode, bs in [("decode", 8), ("verify", 8), ("extend", 3), ("idle", 0)]:
+            assert step_times._timed_run_batch(run_batch, object(), _batch(mode, bs)) == "result"
+    assert len(calls) == 4
+    snap = times.snapshot()
+    assert snap["decode"]["8"][0] == 2 and snap["prefill"]["3"][0] == 1 and set(snap) == {"decode", "prefill"}
+    assert step_times.TAG in caplog.records[-1].getMessage()
+
+
+def test_compare_reads_the_last_line_of_each_log(tmp_path):
+    def log(name, lines):
+        path = tmp_path / name
+        path.write_text("".join(f"[t] INFO {step_times.TAG} {line}\n" for line in lines) + "[t] other line\n")
+        return path
+
+    none = log("none.log", ['{"decode": {"8": [10, 1.0]}}', '{"decode": {"8": [40, 2.0], "9": [5, 1.0]}}'])
+    echo = log("echo.log", ['{"decode": {"8": [40, 2.2], "9": [40, 3.0]}, "prefill": {"1": [3, 0.1]}}'])
+    assert step_times.read_step_times(none) == {"decode": {"8": [40, 2.0], "9": [5, 1.0]}}
+    table = step_times.compare({"none": none, "echo": echo})
+    assert "| 8 | 50.0 | 55.0 (1.100x) |" in table
+    assert "| 9 |" not in table  # too few steps in one of the logs
