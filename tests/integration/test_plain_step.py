@@ -9,19 +9,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang.srt.speculative.eagle_utils import TreeMaskMode
-from sglang_echo.integration import worker as worker_mod
 from sglang_echo.integration.config import load_config, make_echo_policy
 from sglang_echo.integration.ragged import MARK
-from sglang_echo.integration.worker import EchoDraftWorker, EchoStepState
+
+# sglang is imported inside the tests: importing it while collecting would import triton before
+# tests/kernels sets TRITON_INTERPRET.
 
 
 class DraftSetupReached(Exception):
     pass
 
 
-def _worker(cap: int, *, probe=None, per_step_width: bool = True) -> EchoDraftWorker:
+def _worker(cap: int, *, probe=None, per_step_width: bool = True):
     """An EchoDraftWorker with just the state draft() reads (no model, no pools)."""
+    from sglang.srt.speculative.eagle_utils import TreeMaskMode
+    from sglang_echo.integration.worker import EchoDraftWorker, EchoStepState
+
     cfg = load_config(environ={"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": "64"})
     w = object.__new__(EchoDraftWorker)
     w.echo_cfg, w.echo_policy, w.echo_width = cfg, make_echo_policy(cfg), cfg.resolved_width()
@@ -48,7 +51,9 @@ def no_draft_setup(monkeypatch):
     def reached(*_, **__):
         raise DraftSetupReached
 
-    monkeypatch.setattr(worker_mod, "prepare_for_draft", reached)
+    from sglang_echo.integration import worker
+
+    monkeypatch.setattr(worker, "prepare_for_draft", reached)
 
 
 def test_a_step_capped_at_its_roots_skips_the_draft_setup(no_draft_setup):
