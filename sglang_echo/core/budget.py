@@ -44,9 +44,9 @@ model says not to speculate. Such a step is the dearest there is (at batch 8 on 
 plain steps), so while explorations keep confirming plain decoding their interval doubles, up to
 ``explore_backoff`` times ``explore_every``; a verdict for drafting, or a batch size in another
 half-octave, brings it back to ``explore_every``. While it says to speculate, every
-``plain_every``-th step is plain decoding, so ``T_verify(B)`` and ``t_rest(B)`` are measured where the alternative would
-run. Without it a batch of 8 that never decoded plainly priced a plain step from one slow
-8-token verify of a batch of 2, and drafted at 0.74x of plain decoding
+``plain_every``-th step is plain decoding, so ``T_verify(B)`` and ``t_rest(B)`` are measured where
+the alternative would run. Without it a batch of 8 that never decoded plainly priced a plain step
+from one slow 8-token verify of a batch of 2, and drafted at 0.74x of plain decoding
 (``benchmarks/results/serve-smollm2-plain-probe``).
 
 The model predicts; :class:`RealisedRates` checks. Those plain probes and the drafting steps
@@ -57,8 +57,9 @@ measurably committed fewer than plain decoding, the step is plain, and the probe
 committed more, the step drafts even if the model says not to, at ``K_max`` if the model sees no
 gain at all (as the explorations did): at batch 1 the model, its gains measured on steps whose trees
 the gates kept short, priced drafting just below plain decoding, while ``K_max`` steps served 1.16x.
-A model fitted across loads and workloads can be wrong in ways no single curve shows (at batch 8 it kept drafting at 0.65x of plain
-decoding, ``benchmarks/results/serve-smollm2-spend``); the measured rates cannot, up to noise.
+A model fitted across loads and workloads can be wrong in ways no single curve shows (at batch 8 it
+kept drafting at 0.65x of plain decoding, ``benchmarks/results/serve-smollm2-spend``); the measured
+rates cannot, up to noise.
 """
 
 from __future__ import annotations
@@ -217,10 +218,6 @@ class RealisedRates:
         if plain is None or draft is None:
             return None
         return "draft" if draft > plain else "plain"
-
-    def drafting_loses(self, batch_size: int) -> bool:
-        """Both arms measured at this load and drafting committed fewer tokens per second."""
-        return self.verdict(batch_size) == "plain"
 
 
 class CostModelBudget:

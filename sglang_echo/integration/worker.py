@@ -165,9 +165,8 @@ class EchoDraftWorker(EagleDraftWorker):
         st.cap = None if self.echo_budget is None else self.echo_budget.cap(bs)
         kv_loc_plan, trees, state = None, None, None
         if self.plain_step(st.cap, bs):
-            t_build = t_pack = time.perf_counter()
-            dense = plain_dense(roots, batch.seq_lens, full_mask)
-            st.sizes, propose_s = dense.sizes, 0.0
+            t_build = t_pack = time.perf_counter()  # control: the packing below
+            st.sizes, propose_s = torch.ones(bs, dtype=torch.int32, device=self.device), 0.0
         else:
             forward_batch, kv_loc_plan = self._prepare_draft(batch)
             if self.echo_backlog is not None and self._may_draft(st.cap, bs):
@@ -180,9 +179,10 @@ class EchoDraftWorker(EagleDraftWorker):
             st.sizes, propose_s = trees.sizes.to(torch.int32), drafter.seconds
             st.gate_evaluated, st.gate_passed = state.gate_evaluated, state.gate_passed
             st.draft_forwards = drafter.forwards
-            dense = to_sglang_dense(trees, batch.seq_lens, self.step_width(st.sizes), full_mask=full_mask)
         st.verified = int(st.sizes.sum())
         st.width = width = self.step_width(st.sizes)
+        dense = (plain_dense(roots, batch.seq_lens, full_mask) if trees is None
+                 else to_sglang_dense(trees, batch.seq_lens, width, full_mask=full_mask))
         verify_input = self._verify_input(dense, width, verify_mask, bs, kv_loc_plan)
         if self.echo_ragged and int(st.sizes.min()) < width:  # all K_i == W_s: dense is ragged
             setattr(verify_input, MARK, st.sizes)

@@ -192,11 +192,11 @@ def test_measured_rates_veto_drafting_the_model_favours():
 
     serve(24)
     assert budget.best_depth(B) > 0  # the model still says draft ...
-    assert budget.rates.drafting_loses(B)  # ... the served rates say 6.7 vs 20 tokens/s per request
+    assert budget.rates.verdict(B) == "plain"  # ... the served rates say 6.7 vs 20 tokens/s per request
     assert sum(c > B for c in serve(8)) == 2  # drafting only on its probe steps
     draft_s[0] = 0.06  # drafting now commits 33 tokens/s per request: the veto lifts
     serve(40)
-    assert not budget.rates.drafting_loses(B)
+    assert budget.rates.verdict(B) == "draft"
     assert sum(c > B for c in serve(8)) == 6  # plain only on its probe steps
 
 

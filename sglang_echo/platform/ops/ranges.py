@@ -18,10 +18,10 @@ def ragged_ranges(starts: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tenso
     lens = (ends.to(torch.int64) - starts).clamp_min(0)
     dev = lens.device
     if dev.type == "cpu" and lens.numel() and bool((lens == lens[0]).all()):
-        width = int(lens[0])
-        rows = torch.arange(lens.numel(), device=dev)
+        n, width = lens.numel(), int(lens[0])
+        rows = torch.arange(n, device=dev)[:, None].expand(n, width)
         cols = starts[:, None] + torch.arange(width, device=dev)
-        return rows.repeat_interleave(width) if width != 1 else rows, cols.reshape(-1)
+        return rows.reshape(-1), cols.reshape(-1)
     rows = torch.repeat_interleave(torch.arange(lens.numel(), device=dev), lens)
     # Column = start of its row + rank inside the row.
     first = torch.cumsum(lens, 0) - lens
