@@ -60,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("echo-calibration.json"))
     ap.add_argument("--resume", action="store_true", help="keep the samples of an interrupted run and probe only the rest")
     ap.add_argument("--from-samples", type=Path, default=None, help="skip probing: summarise an existing samples file")
-    ap.add_argument("--dtype", default=None, help="as the server will run (default: the checkpoint's)")
+    ap.add_argument("--dtype", default=None,
+                    help="as the server will run (default: what make serve runs: bfloat16 on GPUs and CPUs with bf16 GEMMs, else float32)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None)
     ap.add_argument("--port", type=int, default=None)
     args = ap.parse_args(argv)
@@ -99,9 +100,12 @@ def load_prompts(spec: str, limit: int, tokenizer) -> list[tuple[str, str]]:
 
 
 def resolve(args: argparse.Namespace) -> tuple[Path, Path | None]:
-    from sglang_echo.models.prepare import prepare
+    from sglang_echo.models.prepare import prepare_for_serving
+    from sglang_echo.serve.flags import cuda_available, resolve_dtype
 
-    model = args.model or prepare().path
+    # the checkpoint and dtype make serve runs, so that the calibration's fingerprint matches it
+    args.dtype = resolve_dtype(args.dtype, args.device or ("cuda" if cuda_available() else "cpu"), args.model is None)
+    model = args.model or prepare_for_serving(args.dtype).path
     if not (model / "config.json").is_file():
         raise InputError(f"--model {model}: no config.json there")
     draft = None

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +41,7 @@ from ..models.prompts import load_mixed
 from ..serve.client import Generation, generate
 from ..serve.flags import ServerOptions, SpecOptions
 from ..serve.server import SGLangServer
+from .machine import describe
 from .serve_tables import markdown, quartiles
 
 # name -> (spec, speculative knobs, extra environment). EAGLE-3's static tree uses the paper's
@@ -306,7 +306,7 @@ def run(args: argparse.Namespace) -> Report:
     pool = [p.as_text(tokenizer) for p in prompts_all]
     datasets = [p.dataset for p in prompts_all]
     report = Report(
-        machine={"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        machine={**describe(), "cpus": os.cpu_count()},
         settings={"model": str(model), "draft": str(draft), "heads": {d: str(h) for d, h in heads.items()},
                   "dtype": args.dtype, "max_new": args.max_new, "max_new_jitter": args.max_new_jitter,
                   "concurrency": levels, "prompts": len(pool), "per_set": args.per_set,

@@ -172,6 +172,12 @@ def prepare(out: Path | None = None, dtype: str = "bfloat16", force: bool = Fals
     return PreparedModel(out, MODEL_NAME, dtype, fp, False, time.monotonic() - t0)
 
 
+def prepare_for_serving(dtype: str | None) -> PreparedModel:
+    """The prepared checkpoint a server running in ``dtype`` loads: the one in that dtype where it
+    can be prepared (calibrations name the checkpoint, dtype included), else the bf16 one."""
+    return prepare(dtype=dtype if dtype in DTYPES else "bfloat16")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="output dir (default: cache dir)")

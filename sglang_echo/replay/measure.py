@@ -19,7 +19,6 @@ model, threads, load average before and after: other jobs may share the box) wit
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -30,21 +29,8 @@ import torch
 from sglang_echo.core.policy import Frontier
 from sglang_echo.core.tree import DETERMINISTIC, DraftTrees
 
+from ..bench.machine import describe as machine
 from .cost import SCHEMA, VERSION
-
-
-def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"node": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "gpu": gpu, "load_average": list(os.getloadavg())}
 
 
 def _median_time(fn: Callable[[], None], reps: int, sync: Callable[[], None], warmup: int = 2) -> float:

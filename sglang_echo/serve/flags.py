@@ -80,6 +80,32 @@ def cuda_available() -> bool:
         return False
 
 
+def cpu_has_bf16_gemm() -> bool:
+    """True where oneDNN runs bf16 dot products natively (AVX-512 BF16, AMX, AVX-NE-CONVERT)."""
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def default_dtype(device: str) -> str:
+    """The dtype ``make serve`` prepares SmolLM2 in and serves: bfloat16 on GPUs and on CPUs with
+    native bf16 GEMMs, float32 on other CPUs, where bf16 (and sglang's ``auto`` for a float32
+    checkpoint, float16) runs every GEMM through conversions: 1.8x slower than float32 at 8
+    concurrent requests on an AVX2 host (``benchmarks/results/serve-smollm2-dtype``)."""
+    if device == "cpu" and not cpu_has_bf16_gemm():
+        return "float32"
+    return "bfloat16"
+
+
+def resolve_dtype(dtype: str | None, device: str, prepared_model: bool) -> str | None:
+    """The ``--dtype`` a server starts with: the one asked for; else always an explicit one on a
+    CPU (sglang's ``auto`` serves a float32 checkpoint in float16) and for the prepared SmolLM2;
+    else None (sglang's ``auto``: a user's checkpoint on a GPU in its own dtype)."""
+    if dtype is None and (prepared_model or device == "cpu"):
+        return default_dtype(device)
+    return dtype
+
+
 def echo_plugin_available() -> bool:
     """True if `sglang_echo.plugin` imports (it is cheap: registration happens in sglang)."""
     if importlib.util.find_spec("sglang_echo.plugin") is None:

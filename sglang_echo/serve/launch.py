@@ -18,7 +18,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sglang_echo.serve.flags import SPECS, LaunchError, ServerOptions, SpecOptions, build_command
+from sglang_echo.serve.flags import (
+    SPECS, LaunchError, ServerOptions, SpecOptions, build_command, cuda_available, resolve_dtype,
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -28,7 +30,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--model", type=Path, default=None, help="target checkpoint (default: prepared SmolLM2)")
     ap.add_argument("--draft", type=Path, default=None, help="EAGLE-3 draft head dir (eagle3/echo; default: the shipped head)")
-    ap.add_argument("--dtype", default=None, help="e.g. bfloat16 | float32 (default: checkpoint's)")
+    ap.add_argument("--dtype", default=None,
+                    help="bfloat16 | float32 (default: bfloat16 on GPUs and on CPUs with bf16 GEMMs, else float32)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     ap.add_argument("--max-total-tokens", type=int, default=None)
     ap.add_argument("--num-steps", type=int, default=SpecOptions.num_steps)
@@ -73,6 +76,7 @@ def with_shipped_calibration(opts: ServerOptions) -> ServerOptions:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.dtype = resolve_dtype(args.dtype, args.device or ("cuda" if cuda_available() else "cpu"), args.model is None)
     opts = ServerOptions(
         model_path=args.model or Path("<prepared>"),
         port=args.port,
@@ -98,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     if args.model is None:
-        from sglang_echo.models.prepare import prepare
+        from sglang_echo.models.prepare import prepare_for_serving
 
-        res = prepare()
-        print(f"[sglang-echo] model: {res.path} ({'cached' if res.cached else f'prepared in {res.seconds:.0f}s'})")
+        res = prepare_for_serving(args.dtype)
+        print(f"[sglang-echo] model: {res.path} ({args.dtype}; {'cached' if res.cached else f'prepared in {res.seconds:.0f}s'})")
         opts = replace(opts, model_path=res.path)
     else:
         print(f"[sglang-echo] model: {args.model}")

@@ -5,7 +5,9 @@
 
 Starts the server in its own process group (sglang forks scheduler/detokenizer children),
 waits for GET /health, sends all output to a log file, and on exit always kills the whole
-group -- also when start-up fails or the test process is interrupted.
+group -- also when start-up fails or the test process is interrupted. On Linux the server also
+dies with the process that started it, even one killed by SIGTERM or SIGKILL, where neither
+``__exit__`` nor ``atexit`` runs (:func:`die_with_parent`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -56,6 +59,28 @@ def find_free_port_pair(lo: int = 32000, hi: int = 32099, host: str = "127.0.0.1
         if port_is_free(p, host) and port_is_free(p + 1, host):
             return p
     raise ServerStartError(f"no free port pair in {lo}-{hi}")
+
+
+# Runs in the child before sglang: the kernel sends it SIGTERM when its parent dies
+# (PR_SET_PDEATHSIG = 1, kept across exec); sglang's launcher stops its scheduler and detokenizer
+# on SIGTERM, and they die with it anyway. A parent that died before the prctl is caught by getppid.
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def die_with_parent(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM when this process dies (Linux; elsewhere unchanged).
+
+    The signal follows the *thread* that starts the child: start servers from a thread that
+    outlives them (every caller here starts them from the main thread)."""
+    if sys.platform != "linux":
+        return argv
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 class SGLangServer:
@@ -102,7 +127,7 @@ class SGLangServer:
         try:
             # start_new_session: own process group, so stop() can kill sglang's children too.
             self.proc = subprocess.Popen(
-                self.command.argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                die_with_parent(self.command.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
         finally:

@@ -127,13 +127,18 @@ def test_shipped_calibration_is_found_only_for_its_model_and_drafter(tmp_path, s
     assert shipped_calibration(other, "ngram", root=shipped) is None
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("drafter", ["eagle3", "dart", "dflash", "ngram"])
-def test_every_shipped_calibration_matches_its_shipped_head(drafter, smollm2_dir):
-    """A retrained head must ship with a new calibration: the fingerprint check would otherwise
-    make `make serve` fall back to the default gates."""
+def test_every_shipped_calibration_matches_its_shipped_head(drafter, dtype):
+    """A retrained head must ship with new calibrations, one per dtype `make serve` may serve
+    (bf16, or fp32 on CPUs without bf16 GEMMs): the fingerprint check would otherwise make it
+    fall back to the default gates."""
     from sglang_echo.calibration.shipped import shipped_calibration
     from sglang_echo.models.drafts import shipped_head
+    from sglang_echo.models.prepare import prepare
 
-    draft = None if drafter == "ngram" else shipped_head(smollm2_dir, drafter)
-    path = shipped_calibration(smollm2_dir, drafter, draft)
-    assert path is not None and path.name == f"smollm2-135m-instruct-{drafter}.json"
+    model = prepare(dtype=dtype).path
+    draft = None if drafter == "ngram" else shipped_head(model, drafter)
+    path = shipped_calibration(model, drafter, draft)
+    suffix = "" if dtype == "bfloat16" else "-fp32"
+    assert path is not None and path.name == f"smollm2-135m-instruct-{drafter}{suffix}.json"

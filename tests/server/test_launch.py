@@ -6,15 +6,18 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from sglang_echo.serve import flags
 from sglang_echo.serve.flags import (
     LaunchError,
     ServerOptions,
     SpecOptions,
     build_command,
+    default_dtype,
     echo_plugin_available,
 )
 from sglang_echo.serve.server import SGLangServer, ServerStartError, find_free_port_pair
@@ -23,6 +26,32 @@ from sglang_echo.serve.server import SGLangServer, ServerStartError, find_free_p
 def _launch(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sglang_echo.serve.launch", *args],
                           capture_output=True, text=True, timeout=120)
+
+
+def _shipped_calibration(drafter: str) -> str:
+    """The calibration `make serve` on this CPU uses: made for the checkpoint in the dtype it serves."""
+    return f"smollm2-135m-instruct-{drafter}{'' if default_dtype('cpu') == 'bfloat16' else '-fp32'}.json (shipped"
+
+
+def test_the_default_dtype_follows_the_hardware(monkeypatch) -> None:
+    monkeypatch.setattr(flags, "cpu_has_bf16_gemm", lambda: False)
+    assert default_dtype("cpu") == "float32" and default_dtype("cuda") == "bfloat16"
+    assert flags.resolve_dtype(None, "cpu", prepared_model=False) == "float32"  # never sglang's auto on a CPU
+    assert flags.resolve_dtype(None, "cuda", prepared_model=False) is None  # a user's checkpoint on a GPU: auto
+    assert flags.resolve_dtype(None, "cuda", prepared_model=True) == "bfloat16"
+    assert flags.resolve_dtype("float16", "cpu", prepared_model=True) == "float16"  # asked for
+    monkeypatch.setattr(flags, "cpu_has_bf16_gemm", lambda: True)
+    assert default_dtype("cpu") == "bfloat16"
+
+
+def test_a_cpu_server_names_its_dtype(smollm2_dir: Path, tmp_path: Path) -> None:
+    """sglang's `--dtype auto` serves a float32 checkpoint in float16, the slowest choice on CPUs."""
+    for extra in ((), ("--model", str(smollm2_dir))):
+        r = _launch("--spec", "none", "--port", "32098", "--dry-run", "--device", "cpu", *extra)
+        assert r.returncode == 0, r.stderr
+        assert f"--dtype {default_dtype('cpu')}" in r.stdout.split("exec:")[1]
+    r = _launch("--spec", "none", "--port", "32098", "--dry-run", "--device", "cpu", "--dtype", "float32")
+    assert "SmolLM2-135M-Instruct-float32 " in r.stdout.split("exec:")[1]  # the checkpoint in that dtype
 
 
 def test_echo_flags_leave_the_tree_shape_to_echo(tmp_path: Path) -> None:
@@ -40,7 +69,7 @@ def test_without_draft_the_shipped_head_is_used(spec: str, smollm2_dir: Path) ->
     assert "shipped EAGLE-3 head" in r.stdout
     assert "-eagle3-smollm2-135m-instruct" in r.stdout.split("exec:")[1]
     if spec == "echo":  # the calibration shipped for exactly this model + head (fingerprints match)
-        assert "SGLANG_ECHO_CALIBRATION=" in r.stdout and "smollm2-135m-instruct-eagle3.json (shipped" in r.stdout
+        assert "SGLANG_ECHO_CALIBRATION=" in r.stdout and _shipped_calibration("eagle3") in r.stdout
 
 
 def test_a_configured_calibration_wins_over_the_shipped_one(smollm2_dir: Path, monkeypatch, tmp_path: Path) -> None:
@@ -55,7 +84,7 @@ def test_echo_with_the_ngram_drafter_needs_no_head(smollm2_dir: Path, monkeypatc
     r = _launch("--spec", "echo", "--port", "32098", "--dry-run", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert "--speculative-draft-model-path" not in r.stdout.split("exec:")[1]
-    assert "smollm2-135m-instruct-ngram.json (shipped" in r.stdout
+    assert _shipped_calibration("ngram") in r.stdout
 
 
 def test_echo_with_the_dart_drafter_uses_the_shipped_dart_head(smollm2_dir: Path, monkeypatch) -> None:
@@ -64,7 +93,7 @@ def test_echo_with_the_dart_drafter_uses_the_shipped_dart_head(smollm2_dir: Path
     assert r.returncode == 0, r.stderr
     assert "shipped DART head" in r.stdout
     assert "-dart-smollm2-135m-instruct" in r.stdout.split("exec:")[1]
-    assert "smollm2-135m-instruct-dart.json (shipped" in r.stdout
+    assert _shipped_calibration("dart") in r.stdout
 
 
 def test_echo_with_the_dflash_drafter_uses_the_shipped_dflash_head_and_calibration(smollm2_dir: Path, monkeypatch) -> None:
@@ -72,7 +101,7 @@ def test_echo_with_the_dflash_drafter_uses_the_shipped_dflash_head_and_calibrati
     r = _launch("--spec", "echo", "--port", "32098", "--dry-run", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert "-dflash-smollm2-135m-instruct" in r.stdout.split("exec:")[1]
-    assert "smollm2-135m-instruct-dflash.json (shipped" in r.stdout
+    assert _shipped_calibration("dflash") in r.stdout
 
 
 def test_a_draft_dir_without_config_is_refused(tmp_path: Path) -> None:
@@ -135,3 +164,34 @@ def test_a_reply_that_is_not_http_is_not_healthy(tmp_path: Path) -> None:
 def test_server_ports_stay_below_the_ephemeral_range() -> None:
     with pytest.raises(ValueError, match="ephemeral"):
         find_free_port_pair(33000, 33099)
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie waiting for its reaper."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_process_dies_with_its_parent() -> None:
+    """A benchmark or test killed by SIGKILL (no atexit, no __exit__) leaves no server running."""
+    script = (
+        "import subprocess, sys, time\n"
+        "from sglang_echo.serve.server import die_with_parent\n"
+        "p = subprocess.Popen(die_with_parent([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(120)']),\n"
+        "                     stdout=subprocess.PIPE, text=True)\n"
+        "p.stdout.readline()  # the child runs its own code: past the prctl and the exec\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    assert _running(child)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child), "the child outlived its parent"
