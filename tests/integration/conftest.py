@@ -53,13 +53,16 @@ def matrix(drafter: str, policies: tuple[str, ...] = MATRIX_POLICIES) -> list:
     return params
 
 
-def run_staggered(url: str, inputs, *, rids: Optional[Sequence[str]] = None, **kw) -> list[Generation]:
+def run_staggered(url: str, inputs, *, rids: Optional[Sequence[str]] = None,
+                  max_new: Optional[Sequence[int]] = None, **kw) -> list[Generation]:
     """Greedy (unless ``kw`` says otherwise) generations, the first wave joining one by one;
-    ``rids``: the requests' ids in the server (default: its own)."""
+    ``rids``: the requests' ids in the server (default: its own); ``max_new``: each request's
+    max_new_tokens (default: MAX_NEW_TOKENS for all)."""
 
     def one(i, ids):
         time.sleep(min(i, WORKERS) * STAGGER_S)
-        return generate(url, input_ids=ids, max_new_tokens=MAX_NEW_TOKENS, rid=rids[i] if rids else None, **kw)
+        return generate(url, input_ids=ids, max_new_tokens=max_new[i] if max_new else MAX_NEW_TOKENS,
+                        rid=rids[i] if rids else None, **kw)
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         futs = [pool.submit(one, i, ids) for i, ids in enumerate(inputs)]

@@ -143,7 +143,8 @@ def _serve_smollm2(model: Path, inputs, want: list[Generation], env: dict, tag: 
         metrics = scrape(srv.base_url)
     finally:
         srv.stop()
-    assert [g.output_ids for g in got] == [w.output_ids for w in want], tag
+    lengths = kw.get("max_new") or [None] * len(want)  # a shorter greedy run is a prefix of the reference
+    assert [g.output_ids for g in got] == [w.output_ids[:n] for w, n in zip(want, lengths)], tag
     return got, metrics
 
 
@@ -195,13 +196,16 @@ def test_lazy_extend_drafts_as_eager_smollm2(smollm2_dir, smollm2_prompts, smoll
     drafted, the positions right after a catch-up included: wrong caught-up KV, children or hidden
     states would show there, where greedy output (equal to no speculation) cannot."""
     rids = [f"p{i}" for i in range(len(smollm2_prompts))]
+    # Lengths that differ, so requests finish on different steps whatever the machine's speed:
+    # each finished one leaves the lazy batch one short (it drafts) until the next one joins.
+    max_new = [MAX_NEW_TOKENS - 3 * (i % WORKERS) for i in range(len(smollm2_prompts))]
     conf, metrics = {}, {}
     for k_max, lazy in ((2 * WORKERS, 0), (WORKERS, 4)):
         probe = tmp_path / f"probe-{lazy}.jsonl"
         env = {"SGLANG_ECHO_POLICY": "budgeted-chain", "SGLANG_ECHO_K_MAX": str(k_max),
                "SGLANG_ECHO_LAZY_EXTEND": str(lazy), "SGLANG_ECHO_PROBE_OUT": str(probe)}
         _, metrics[lazy] = _serve_smollm2(smollm2_dir, smollm2_prompts, smollm2_reference, env,
-                                          f"smollm2-lazy{lazy}", rids=rids)
+                                          f"smollm2-lazy{lazy}", rids=rids, max_new=max_new)
         conf[lazy] = _draft_confidence(probe)
     deferred = metrics[4].get("echo_deferred_extend_tokens_total", 0)
     caught_up = metrics[4].get("echo_caught_up_tokens_total", 0)
@@ -217,5 +221,5 @@ def test_lazy_extend_drafts_as_eager_smollm2(smollm2_dir, smollm2_prompts, smoll
           f"{caught_up:.0f}; {len(both)} positions drafted by both, {len(after_catch_up)} right after a catch-up "
           f"(of {sum(v[1] for v in conf[4].values())}; {len(deeper)} of them at depth 2 too); "
           f"largest |c_d lazy - c_d eager| {diffs.get(worst, float('nan')):.2e} at {worst}")
-    assert len(after_catch_up) >= WORKERS // 2 and deeper  # about 14 catch-ups, most at positions both drafted
+    assert len(after_catch_up) >= WORKERS // 2 and deeper  # 14 catch-ups measured, 9 at positions both drafted
     assert diffs[worst] < 1e-3  # float32 everywhere: only batch-shape rounding may differ
