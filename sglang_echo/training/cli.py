@@ -2,9 +2,11 @@
 
     echo-train-drafter --kind eagle3 --target DIR --out DIR [--data DIR] [--prompts 1280]
         [--epochs 2] [--ttt-steps 5] [--draft-vocab 8192] [--batch-tokens 4096] [--lr 5e-4]
+        [--eagle3-teacher target] [--init-from HEAD]
 
 Stages, each resumable (rerun the same command after an interruption):
-  1. self-distillation: the target answers the offline prompt pool (``training.datagen``);
+  1. self-distillation: the target answers the offline prompt pool (``training.datagen``; through
+     the sglang server by default, ``--gen-backend hf`` for transformers' ``generate``);
   2. feature capture: the target's hidden states for the drafter's layers (``training.features``);
   3. training with the kind's objective (EAGLE-3: training-time test), checkpoints in ``out/checkpoint``;
   4. the final head in ``out/`` in the layout sglang loads, with ``training_report.json``.
@@ -25,9 +27,9 @@ import torch
 
 from sglang_echo.platform.packed_linear import pack_linears
 
-from .datagen import generate
+from .datagen import BACKENDS, generate
 from .features import capture_dir, load_sequences
-from .trainer import PRECISIONS, TrainConfig, default_device, resolve_precision, train
+from .trainer import PRECISIONS, TrainConfig, default_device, evaluate, resolve_precision, train
 
 
 def _target_weights(target: Path) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -47,15 +49,25 @@ def build_eagle3(target: Path, seqs, args):
     from sglang_echo.drafters.eagle3_head import Eagle3Config, Eagle3Head
 
     from .eagle3 import draft_vocab, init_head, ttt_loss
+    from .teacher import TargetTail
 
     cfg, embed, lm_head, norm = _target_weights(target)
     head_cfg = Eagle3Config.for_target(cfg, args.draft_vocab)
-    special = tuple(t for t in (cfg.get("bos_token_id"), cfg.get("eos_token_id")) if t is not None)
-    ids = draft_vocab(seqs, args.draft_vocab, cfg["vocab_size"], special)
-    torch.manual_seed(args.seed)
-    head = Eagle3Head(head_cfg, embed)
-    init_head(head, ids, lm_head, norm)
-    return head, partial(ttt_loss, steps=args.ttt_steps), lambda out: head.save(out, dtype=torch.float32)
+    if args.init_from is not None:  # go on training a head (its draft vocabulary included)
+        head = Eagle3Head.load(args.init_from, embed)
+        if head.cfg != head_cfg:
+            raise SystemExit(f"--init-from {args.init_from}: {head.cfg} is not this target's EAGLE-3 head "
+                             f"with --draft-vocab {args.draft_vocab} ({head_cfg})")
+        ids = head.t2d.nonzero().flatten()
+    else:
+        special = tuple(t for t in (cfg.get("bos_token_id"), cfg.get("eos_token_id")) if t is not None)
+        ids = draft_vocab(seqs, args.draft_vocab, cfg["vocab_size"], special)
+        torch.manual_seed(args.seed)
+        head = Eagle3Head(head_cfg, embed)
+        init_head(head, ids, lm_head, norm)
+    teacher = TargetTail.for_features(target, head_cfg.aux_layer_ids, ids) if args.eagle3_teacher == "target" else None
+    loss_fn = partial(ttt_loss, steps=args.ttt_steps, teacher=teacher)
+    return head, loss_fn, lambda out: head.save(out, dtype=torch.float32)
 
 
 def build_dart(target: Path, seqs, args):
@@ -92,9 +104,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--data", type=Path, default=None, help="self-distillation dir (default: OUT/data)")
     ap.add_argument("--prompts", type=int, default=1280, help="prompt-pool size for self-distillation")
+    ap.add_argument("--prompt-offset", type=int, default=0,
+                    help="start at this pool prompt (e.g. past the data an --init-from head was trained on)")
     ap.add_argument("--max-new", type=int, default=192)
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--ttt-steps", type=int, default=5)
+    ap.add_argument("--eagle3-teacher", choices=("target", "labels"), default="labels",
+                    help="EAGLE-3: CE on the greedy labels, or KL to the target's distribution as SpecForge trains "
+                         "(behind on every step in benchmarks/results/train-eagle3-objective)")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="EAGLE-3: go on training this head (same target and draft vocabulary) instead of a fresh one")
     ap.add_argument("--dart-depth", type=int, default=8, help="DART: shifted logits per forward (d; d-1 mask positions)")
     ap.add_argument("--dart-gamma", type=float, default=0.6, help="DART: KL weight of output k is gamma^(k-1)")
     ap.add_argument("--dart-teacher", choices=("target", "labels"), default="target",
@@ -116,7 +135,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--precision", choices=("auto", *PRECISIONS), default="auto",
                     help="training forward: bf16 autocast or fp32 (auto: bf16 on GPUs and on CPUs with bf16 units)")
     ap.add_argument("--gen-dtype", default="float32", help="target dtype for self-distillation (bfloat16 is ~1.5x faster on bf16 CPUs)")
+    ap.add_argument("--gen-backend", choices=BACKENDS, default="server",
+                    help="who answers the prompt pool: the sglang server (continuous batching) or transformers' generate")
+    ap.add_argument("--gen-batch", type=int, default=64, help="self-distillation requests in flight (server) or per generate call (hf)")
     args = ap.parse_args(argv)
+    if args.init_from is not None and args.kind != "eagle3":
+        ap.error("--init-from: EAGLE-3 heads only")
     device = args.device or default_device()
     precision = resolve_precision(args.precision, device)
 
@@ -127,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
         target = prepare(dtype="float32").path
     data = args.data or args.out / "data"
     t0 = time.time()
-    generate(target, data, args.prompts, args.max_new, dtype=args.gen_dtype, device=device)
+    generate(target, data, args.prompts, args.max_new, batch=args.gen_batch, dtype=args.gen_dtype, device=device,
+             backend=args.gen_backend, offset=args.prompt_offset)
 
     from transformers import AutoModelForCausalLM
 
@@ -145,12 +170,21 @@ def main(argv: list[str] | None = None) -> None:
     model, loss_fn, save_fn = KINDS[args.kind](target, train_seqs, args)
     cfg = TrainConfig(epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens, warmup_steps=args.warmup_steps,
                       save_every=args.save_every, seed=args.seed)
+    start_acc = None
+    if args.init_from is not None:  # the head before this run, on the same held-out sequences
+        model.to(device).eval()
+        start_acc = [round(a, 4) for a in evaluate(model, loss_fn, eval_seqs, cfg.batch_tokens, device, precision).tolist()]
+        print(f"[train] --init-from head, held-out top-1 per step: {start_acc}")
     report = train(model, loss_fn, save_fn, train_seqs, eval_seqs, cfg, args.out, device=device, precision=precision)
     model.save(args.out, dtype=torch.bfloat16)
     report.update(kind=args.kind, target=str(target), captured_layers=list(layers), ttt_steps=args.ttt_steps,
-                  draft_vocab=args.draft_vocab, train_config=asdict(cfg), prompts=args.prompts, device=device,
-                  precision=precision, gen_dtype=args.gen_dtype,
+                  draft_vocab=args.draft_vocab, train_config=asdict(cfg), prompts=args.prompts,
+                  prompt_offset=args.prompt_offset, device=device,
+                  precision=precision, gen_dtype=args.gen_dtype, gen_backend=args.gen_backend,
                   wall_seconds=round(time.time() - t0))
+    if args.kind == "eagle3":
+        report.update(eagle3_teacher=args.eagle3_teacher, init_from=str(args.init_from) if args.init_from else None,
+                      init_eval_top1_per_step=start_acc)
     if args.kind == "dart":
         report.update(dart_depth=args.dart_depth, dart_gamma=args.dart_gamma, dart_teacher=args.dart_teacher,
                       dart_shared_mask=args.dart_shared_mask)

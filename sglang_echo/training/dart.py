@@ -17,7 +17,7 @@ distribution at position ``t + k``, ``q_theta(. | x_{<=t+k})``, and the loss is
     L = sum_k gamma^(k-1) * mean_rows KL(q_theta || p_phi(. | x_{<=t+1}, k)),    gamma = 0.6
 
 over answer positions (self-distilled tokens; prompts are context only). The teacher comes from
-:class:`TargetTail`: the target's last layers run on the deepest captured feature (the input of layer
+:class:`.teacher.TargetTail`: the target's last layers run on the deepest captured feature (the input of layer
 ``L - 3``), so no extra capture pass or logit storage is needed; its distribution is renormalised
 over the draft vocabulary (the head cannot put mass elsewhere). Without a teacher the loss is the
 cross-entropy on the greedy labels (KL to a one-hot target). Accuracy is top-1 against the label,
@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sglang_echo.drafters.dart_head import DartConfig, DartHead
-from sglang_echo.platform.packed_linear import pack_linears
 
 from .batches import Batch
+from .teacher import TargetTail, kl_to_teacher
 
 GAMMA = 0.6  # DART's annealing coefficient: output k is weighted gamma^(k-1)
 
@@ -86,42 +86,6 @@ def prefix_shared_forward(head: DartHead, batch: Batch) -> Tensor:
     return torch.cat([out_p[:, :, None], out_m.view(B, n, m, -1)], 2)
 
 
-class TargetTail:
-    """The target's layers ``first..L-1``, final norm and LM head rows of the draft vocabulary:
-    the teacher distribution from the captured input of layer ``first``."""
-
-    def __init__(self, target: Path, first_layer: int, draft_ids: Tensor, feature_slice: slice):
-        from safetensors.torch import load_file
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
-        pack_linears(model)  # frozen teacher: the CPU platform's packed GEMMs
-        body = model.get_decoder()
-        body.layers = body.layers[first_layer:]
-        body.embed_tokens = None  # inputs_embeds only: drop the vocabulary-sized table
-        self.body = body
-        w = {}
-        for f in sorted(Path(target).glob("*.safetensors")):
-            w.update(load_file(str(f)))
-        lm = w.get("lm_head.weight", w["model.embed_tokens.weight"]).float()
-        self.lm_rows = lm[draft_ids].contiguous()  # [Vd, H]
-        self.feature_slice = feature_slice
-        for p in self.body.parameters():
-            p.requires_grad_(False)
-
-    @torch.no_grad()
-    def __call__(self, batch: Batch) -> Tensor:
-        """Log-probabilities over the draft vocabulary at every position, ``[B, T, Vd]``."""
-        dev = batch.tokens.device
-        if self.lm_rows.device != dev:  # follows the batches to the training device once
-            self.body.to(dev)
-            self.lm_rows = self.lm_rows.to(dev)
-        T = batch.tokens.shape[1]
-        mask = (torch.arange(T, device=dev)[None, :] < batch.lengths[:, None]).long()
-        h = self.body(inputs_embeds=batch.features[..., self.feature_slice].float(), attention_mask=mask).last_hidden_state
-        return torch.log_softmax(h @ self.lm_rows.T, -1)
-
-
 def dart_loss(head: DartHead, batch: Batch, gamma: float = GAMMA, teacher=None) -> tuple[Tensor, Tensor, Tensor]:
     """(annealed loss, correct top-1 per output k [d], counted labels per output k [d])."""
     d = head.cfg.depth
@@ -147,7 +111,7 @@ def dart_loss(head: DartHead, batch: Batch, gamma: float = GAMMA, teacher=None) 
         target = d_index[labels[rows]]
         if teach is not None:  # KL(q_theta || p_phi), q_theta = the target at position t + k
             q_log = teach[:, k : k + n][rows]
-            term = (q_log.exp() * (q_log - logp)).sum(-1).mean()
+            term = kl_to_teacher(q_log, logp)
         elif in_vocab.any():  # one-hot teacher: cross-entropy on the greedy labels
             term = F.cross_entropy(logp[in_vocab], target[in_vocab])
         else:
@@ -178,9 +142,7 @@ def build(target: Path, seqs, args):
         head.mask_rep[:, : head.cfg.hidden_size].zero_()
     teacher = None
     if getattr(args, "dart_teacher", "target") == "target":
-        H, deepest = cfg["hidden_size"], head_cfg.aux_layer_ids[-1]
-        n_aux = len(head_cfg.aux_layer_ids)
-        teacher = TargetTail(target, deepest, ids, slice((n_aux - 1) * H, n_aux * H))
+        teacher = TargetTail.for_features(target, head_cfg.aux_layer_ids, ids)
     loss_fn = partial(dart_loss, gamma=getattr(args, "dart_gamma", GAMMA), teacher=teacher)
     return head, loss_fn, lambda out: head.save(out, dtype=torch.float32)
 

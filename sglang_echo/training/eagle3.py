@@ -13,8 +13,9 @@ index ``t`` (target feature ``h_t`` with token ``x_{t+1}``):
 
 This is exactly what the drafter computes at depth ``j + 1`` when every earlier draft was right,
 which is the only case in which depth ``j + 1`` can be accepted. Losses are weighted ``0.8^j``
-(as in SpecForge) and count only answer tokens (self-distilled: the target's own greedy choices)
-that the reduced draft vocabulary contains.
+(as in SpecForge) and count only answer tokens (self-distilled: the target's own greedy choices).
+Each term is the KL to the target's distribution over the draft vocabulary (``teacher``, as
+SpecForge trains), or the cross-entropy on the greedy labels the draft vocabulary contains.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from sglang_echo.drafters.eagle3_head import Eagle3Head
 
 from .batches import Batch
 from .features import Sequence
+from .teacher import TargetTail, kl_to_teacher
 
 STEP_DECAY = 0.8
 
@@ -106,22 +108,38 @@ def ttt_unroll(head: Eagle3Head, batch: Batch, steps: int) -> Iterator[Tensor]:
         yield hidden
 
 
-def ttt_loss(head: Eagle3Head, batch: Batch, steps: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(weighted loss, correct top-1 per step [steps], counted labels per step [steps])."""
+def ttt_loss(head: Eagle3Head, batch: Batch, steps: int, teacher: TargetTail | None = None
+             ) -> tuple[Tensor, Tensor, Tensor]:
+    """(weighted loss, correct top-1 per step [steps], counted labels per step [steps]).
+
+    Without a teacher each step's term is the cross-entropy on the greedy labels inside the draft
+    vocabulary; with one (SpecForge's objective) it is the KL to the target's distribution over
+    the draft vocabulary at every answer position. Accuracy is top-1 against in-vocabulary labels
+    either way."""
     tokens, lengths, plen = batch.tokens, batch.lengths, batch.prompt_lengths
     n = tokens.shape[1] - 1
     t = torch.arange(n, device=tokens.device)
     padded = F.pad(tokens, (0, steps + 2))
+    teach = None if teacher is None else F.pad(teacher(batch), (0, 0, 0, steps + 2))  # [B, T + steps + 2, Vd]
     d_index = head.t2d.long().cumsum(0) - 1  # target id -> draft id (ids are sorted)
     loss = head.fc.weight.new_zeros(())
     correct, counted = torch.zeros(steps), torch.zeros(steps)
     for j, hidden in enumerate(ttt_unroll(head, batch, steps)):
-        label_pos = t + j + 2  # step j at pair t predicts x_{t+j+2}
+        label_pos = t + j + 2  # step j at pair t predicts x_{t+j+2}, the target's choice at t + j + 1
         labels = padded[:, j + 2 : j + 2 + n]
-        mask = (label_pos[None, :] < lengths[:, None]) & (label_pos[None, :] >= plen[:, None]) & head.t2d[labels]
-        if mask.any():
-            lg, target = head.logits(hidden[mask]), d_index[labels[mask]]  # LM head on labelled rows only
-            loss = loss + STEP_DECAY**j * F.cross_entropy(lg.float(), target)
-            correct[j] = (lg.argmax(-1) == target).sum().float().cpu()
-            counted[j] = mask.sum().float().cpu()
+        rows = (label_pos[None, :] < lengths[:, None]) & (label_pos[None, :] >= plen[:, None])
+        if teach is None:
+            rows &= head.t2d[labels]
+        if not rows.any():
+            continue
+        lg = head.logits(hidden[rows]).float()  # LM head on labelled rows only
+        in_vocab, target = head.t2d[labels[rows]], d_index[labels[rows]]
+        if teach is not None:
+            term = kl_to_teacher(teach[:, j + 1 : j + 1 + n][rows], torch.log_softmax(lg, -1))
+        else:
+            term = F.cross_entropy(lg, target)
+        loss = loss + STEP_DECAY**j * term
+        with torch.no_grad():
+            correct[j] = ((lg.argmax(-1) == target) & in_vocab).sum().float().cpu()
+            counted[j] = in_vocab.sum().float().cpu()
     return loss, correct, counted

@@ -121,7 +121,7 @@ def test_cli_trains_a_dart_head_with_the_target_as_teacher(tmp_path, smollm2_dir
     """Self-distillation -> features -> KL training against the target's tail -> a DART head."""
     from sglang_echo.models.tiny import write_tiny_llama
     from sglang_echo.training.cli import main
-    from sglang_echo.training.dart import TargetTail
+    from sglang_echo.training.teacher import TargetTail
 
     target = write_tiny_llama(tmp_path / "target", smollm2_dir, num_layers=8).path
     # The teacher (layers 5..7 on the captured input of layer 5) is the target's own distribution.
@@ -139,7 +139,7 @@ def test_cli_trains_a_dart_head_with_the_target_as_teacher(tmp_path, smollm2_dir
     torch.testing.assert_close(got, torch.log_softmax(out.logits[..., ids], -1), atol=1e-5, rtol=1e-5)
 
     out_dir = tmp_path / "head"
-    main(["--kind", "dart", "--target", str(target), "--out", str(out_dir), "--prompts", "4", "--max-new", "10",
+    main(["--kind", "dart", "--target", str(target), "--out", str(out_dir), "--prompts", "4", "--max-new", "10", "--gen-backend", "hf",
           "--epochs", "1", "--draft-vocab", "256", "--batch-tokens", "256", "--dart-depth", "3"])
     cfg = json.loads((out_dir / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMDart"] and cfg["draft_length"] == 2

@@ -163,7 +163,7 @@ def test_cli_trains_a_dflash_head(tmp_path, smollm2_dir):
     torch.set_num_threads(1)
     target = write_tiny_llama(tmp_path / "target", smollm2_dir, num_layers=8).path
     out = tmp_path / "head"
-    main(["--kind", "dflash", "--target", str(target), "--out", str(out), "--prompts", "6", "--max-new", "12",
+    main(["--kind", "dflash", "--target", str(target), "--out", str(out), "--prompts", "6", "--max-new", "12", "--gen-backend", "hf",
           "--epochs", "1", "--batch-tokens", "256", "--block-size", "4", "--draft-layers", "1"])
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["num_hidden_layers"] == 1

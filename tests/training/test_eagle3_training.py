@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from sglang_echo.drafters.eagle3_head import Eagle3Head
 from sglang_echo.training.batches import collate
@@ -57,6 +58,33 @@ def test_loss_masks_prompt_padding_and_out_of_vocab_labels():
     for j in range(2):
         expected = sum(int(in_vocab[s.tokens[max(s.prompt_len, j + 2):]].sum()) for s in seqs)
         assert int(counted[j]) == expected
+
+
+def _label_teacher(head: Eagle3Head, sharpness: float = 1e4):
+    """A teacher sure of the self-distilled label: position p's distribution puts all mass on x_{p+1}."""
+    d_index = head.t2d.long().cumsum(0) - 1
+
+    def teacher(batch):
+        nxt = F.pad(batch.tokens[:, 1:], (0, 1))
+        logits = torch.zeros(*nxt.shape, head.cfg.draft_vocab_size).scatter_(-1, d_index[nxt][..., None], sharpness)
+        return torch.log_softmax(logits, -1)
+
+    return teacher
+
+
+def test_the_teacher_objective_is_the_kl_at_the_labels_position():
+    """A teacher certain of the labels makes the KL the cross-entropy on them, step by step; a
+    teacher row read one position off would not."""
+    head = _fresh_head()
+    seqs = [Sequence(s.tokens % VD * 2, s.prompt_len, s.features.float()) for s in _sequences(3, period=5)]
+    batch = collate(seqs)
+    ce, c_ce, n_ce = ttt_loss(head, batch, steps=3)
+    kl, c_kl, n_kl = ttt_loss(head, batch, steps=3, teacher=_label_teacher(head))
+    torch.testing.assert_close(kl, ce, atol=1e-4, rtol=1e-4)
+    assert torch.equal(c_ce, c_kl) and torch.equal(n_ce, n_kl)
+    shifted = _label_teacher(head)
+    off_by_one = ttt_loss(head, batch, steps=3, teacher=lambda b: F.pad(shifted(b)[:, 1:], (0, 0, 0, 1)))[0]
+    assert abs(off_by_one.item() - ce.item()) > 0.1
 
 
 def test_draft_vocab_takes_the_most_frequent_answer_tokens():
@@ -131,7 +159,7 @@ def test_cli_trains_a_head_sglang_can_load(tmp_path, smollm2_dir):
     torch.set_num_threads(1)
     target = write_tiny_llama(tmp_path / "target", smollm2_dir, num_layers=8).path
     out = tmp_path / "head"
-    main(["--target", str(target), "--out", str(out), "--prompts", "6", "--max-new", "12",
+    main(["--target", str(target), "--out", str(out), "--prompts", "6", "--max-new", "12", "--gen-backend", "hf",
           "--epochs", "1", "--draft-vocab", "512", "--batch-tokens", "256", "--ttt-steps", "2"])
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
@@ -142,6 +170,20 @@ def test_cli_trains_a_head_sglang_can_load(tmp_path, smollm2_dir):
     embed = torch.randn(cfg["vocab_size"], cfg["hidden_size"])
     head = Eagle3Head.load(out, embed)
     assert head.t2d.sum() == 512 and bool((head.to_target(torch.arange(512)) < cfg["vocab_size"]).all())
+
+    # Go on training that head against the target's distribution, on the same data.
+    more = tmp_path / "more"
+    args = ["--target", str(target), "--data", str(out / "data"), "--prompts", "6", "--max-new", "12", "--gen-backend", "hf",
+            "--epochs", "1", "--draft-vocab", "512",
+            "--batch-tokens", "256", "--ttt-steps", "2", "--init-from", str(out), "--eagle3-teacher", "target"]
+    main([*args, "--out", str(more)])
+    report = json.loads((more / "training_report.json").read_text())
+    assert report["init_from"] == str(out) and report["eagle3_teacher"] == "target"
+    assert len(report["init_eval_top1_per_step"]) == 2  # the starting head, on the same held-out rows
+    again = Eagle3Head.load(more, embed)
+    assert torch.equal(again.t2d, head.t2d) and not torch.equal(again.fc.weight, head.fc.weight)
+    with pytest.raises(SystemExit, match="not this target's EAGLE-3 head"):
+        main([*args[:-4], "--draft-vocab", "256", "--init-from", str(out), "--out", str(tmp_path / "other")])
 
 
 def test_feature_capture_equals_the_full_forward(tmp_path, smollm2_dir):
