@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+import gevent
 import requests
 from locust import HttpUser, constant, events, tag, task
 from locust.env import Environment
@@ -88,7 +89,10 @@ class _Run:
             self.samples.write(sample.to_json() + "\n")
         self.finished += 1
         if self.budget and self.finished >= self.budget and env.runner is not None:
-            env.runner.quit()  # every claimed request has finished: the level is complete
+            # Every claimed request has finished: the level is complete. quit() stops every
+            # user greenlet, this one included, so it runs in a greenlet of its own: called
+            # here, stopping this user could cut quit() short, and the level ran to --run-time.
+            gevent.spawn(env.runner.quit)
 
     def close(self) -> None:
         if self.samples is not None:

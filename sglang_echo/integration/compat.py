@@ -179,6 +179,9 @@ HOOKS: tuple[Hook, ...] = (
          "AROUND hook: a marked TARGET_VERIFY batch runs on its real tree nodes only"),
     Hook("sglang.srt.model_executor.forward_batch_info", "ForwardBatch",
          None, "input_ids / positions / out_cache_loc per token, batch_size, spec_info"),
+    # -- the CPU platform's start-up (sglang_echo.platform.fork_children) ------------------------
+    Hook("sglang.srt.entrypoints.engine", "_set_envs_and_config", ("server_args",),
+         "AROUND hook on CPU: sets the fork start method after sglang sets spawn"),
     # -- the CPU platform's sampled verify (sglang_echo.platform.plugin; all workers verify with it) --
     Hook(_EU, "eagle_sample", ("verify_input", "batch", "logits_output", "grammar_mask"),
          "verify of EAGLE/NGRAM/both ECHO workers; reads the names below as module globals at call time"),

@@ -12,7 +12,9 @@ argument resolution, scheduler, detokenizer, DP controller). On a CPU-engine pro
 5. runs unquantized linears and plain LM heads on oneDNN-prepacked weights (`packed_linear`:
    about 2x faster at decode/verify shapes, and batch invariant);
 6. with ``SGLANG_ECHO_STEP_TIMES=1``, logs the scheduler's step time per kind and batch size
-   (`step_times`), for servers with and without speculation alike.
+   (`step_times`), for servers with and without speculation alike;
+7. forks sglang's scheduler and detokenizer instead of spawning them (`fork_children`: no
+   CUDA context to protect, and a server starts in two thirds of the time).
 On any other process (GPU servers) it does nothing.
 """
 
@@ -22,7 +24,7 @@ import importlib
 import logging
 from typing import Any, Callable
 
-from sglang_echo.platform import kernel_finder, packed_linear, step_times
+from sglang_echo.platform import fork_children, kernel_finder, packed_linear, step_times
 from sglang_echo.platform.attention import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
@@ -135,4 +137,5 @@ def register() -> None:
     HookRegistry.register(f"{_EAGLE_UTILS}._verify_uses_greedy", _verify_uses_greedy, HookType.AROUND)
     packed_linear.register(HookRegistry, HookType.AROUND)
     step_times.register(HookRegistry, HookType.AROUND)
+    fork_children.register(HookRegistry, HookType.AROUND)
     logger.info("sglang_echo CPU platform: registered attention backend %r", BACKEND_NAME)

@@ -9,8 +9,9 @@ SmolLM2-135M (float32) with the shipped DFlash head:
   policy, each request's accepted drafts equal :func:`sglang_echo.eval.loop.speculative_generate`
   with :class:`~sglang_echo.drafters.dflash.DFlashDrafter` (HF target), so the context the draft
   extends write into sglang's draft KV pool is DFlash's (a wrong context stays lossless but accepts
-  different drafts);
-* the server refuses a DFlash head under another drafter and a non-DFlash head under ``dflash``.
+  different drafts).
+
+The server's refusal of a DFlash head under another drafter: ``test_server_args``.
 """
 
 from __future__ import annotations
@@ -21,11 +22,8 @@ import pytest
 
 from sglang_echo.serve.client import Generation
 
-from ._server_args_probe import probe
 from .conftest import SPEC, matrix
 from .drafter_servers import DrafterSuite
-
-DFLASH = {"SGLANG_ECHO_DRAFTER": "dflash"}
 
 
 def _offline_dflash(model, head: Path):
@@ -81,20 +79,3 @@ def test_dflash_baseline_lossless(policy, smollm2_dir, dflash_head, prompt_ids, 
 def test_dflash_policy_matrix(policy, smollm2_dir, dflash_head, prompt_ids, reference):
     got, metrics, _ = SUITE.serve(policy, smollm2_dir, dflash_head, prompt_ids)
     SUITE.check_lossless(policy, got, reference, metrics)
-
-
-def test_server_args_refuse_a_mismatched_head(smollm2_dir, dflash_head, tmp_path):
-    """sglang's parser + ECHO's validation in a fresh process with the CPU engine."""
-    from sglang_echo.models.drafts import stage_head
-
-    base = ["--model-path", str(smollm2_dir), "--device", "cpu", "--attention-backend", "echo_torch",
-            "--speculative-algorithm", "ECHO", "--speculative-draft-model-path"]
-    cases = {
-        "dflash_head_as_eagle3": {"argv": base + [str(dflash_head)]},
-        "eagle3_head_as_dflash": {"argv": base + [str(stage_head(smollm2_dir))], "env": DFLASH},
-        "dflash": {"argv": base + [str(dflash_head)], "env": DFLASH},
-    }
-    r = probe(cases, tmp_path)
-    assert "is a DFlash head: set the ECHO drafter to 'dflash'" in r["dflash_head_as_eagle3"]["error"]
-    assert "drafter 'dflash' needs a DFlash head" in r["eagle3_head_as_dflash"]["error"]
-    assert r["dflash"]["speculative_algorithm"] == "ECHO", r["dflash"]

@@ -4,8 +4,7 @@ Offline (no server): the per-request drafter state catches up incrementally exac
 drafter would; the trees every core policy builds come out in NGRAM's padded layout; and a
 greedy verify loop over that layout (sglang's acceptance rule, on a toy target) reproduces plain
 decoding while requests join and leave. The worker's sglang hooks (compat rows, the copied
-``NGRAMWorker.__init__``) match the installed sglang, and sglang's own argument parser resolves
-the ngram drafter's server args.
+``NGRAMWorker.__init__``) match the installed sglang (its server args: ``test_server_args``).
 
 Servers (``server`` mark; SmolLM2, CPU, float32): ``--speculative-algorithm ECHO`` with the
 n-gram drafter serves with no draft model, and its greedy outputs equal a no-speculation
@@ -40,7 +39,6 @@ from sglang_echo.integration.ngram_worker import (
 )
 from sglang_echo.serve.client import Generation
 
-from ._server_args_probe import probe
 from .conftest import WORKERS, matrix, run_staggered, scrape
 from .test_config import write_calibration
 
@@ -209,31 +207,6 @@ def test_hooks_and_init_match_installed_sglang():
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert line, p.stdout[-2000:] + p.stderr[-3000:]
     assert line[0] == "RESULT [] []"
-
-
-def test_server_args_for_the_ngram_drafter(tmp_path: Path):
-    """sglang's parser + resolution pipeline, in a fresh process with the CPU engine."""
-    from sglang_echo.models.cache import cache_root
-
-    model = cache_root() / "models" / "SmolLM2-135M-Instruct"
-    if not (model / "config.json").is_file():
-        pytest.skip("SmolLM2 not prepared (python -m sglang_echo.models.prepare)")
-    base = ["--model-path", str(model), "--device", "cpu", "--attention-backend", "echo_torch",
-            "--speculative-algorithm", "ECHO"]
-    cases = {
-        "env": {"argv": base, "env": NGRAM},
-        "file": {"argv": base, "env": {"SGLANG_ECHO_CONFIG": json.dumps({"drafter": "ngram", "policy": "static-tree"})}},
-        "with_draft": {"argv": base + ["--speculative-draft-model-path", str(model)], "env": NGRAM},
-        "eagle3_no_draft": {"argv": base},
-    }
-    r = probe(cases, tmp_path)
-    e = r["env"]
-    assert e["speculative_algorithm"] == "ECHO", e
-    assert (e["speculative_num_steps"], e["speculative_eagle_topk"], e["speculative_num_draft_tokens"]) == (4, 2, 7)
-    assert e["max_running_requests"] == 48 and e["disable_overlap_schedule"] is True
-    assert r["file"]["speculative_num_draft_tokens"] == 1 + 4 * 2  # static-tree's width
-    assert "drafter 'ngram' uses no draft model" in r["with_draft"]["error"]
-    assert "--speculative-draft-model-path" in r["eagle3_no_draft"]["error"]
 
 
 # -- servers ------------------------------------------------------------------------------------

@@ -1,15 +1,9 @@
-"""ECHO registers through sglang's plugin loader, idempotently, against a checked hook table;
-sglang's own argument parser accepts ``--speculative-algorithm ECHO``."""
+"""ECHO registers through sglang's plugin loader, idempotently, against a checked hook table
+(sglang's argument parser with ECHO: ``test_server_args``)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-
-from ._server_args_probe import probe
-
 
 
 @pytest.fixture(scope="module")
@@ -80,36 +74,3 @@ def test_registration_refuses_a_different_sglang(loaded, monkeypatch):
     monkeypatch.setattr(compat, "HOOKS", (missing,))
     with pytest.raises(compat.EchoCompatError, match="no_such_function.*missing"):
         plugin.register()
-
-
-def test_server_args_accept_echo(tmp_path: Path):
-    """sglang's own parser + resolution pipeline, in a fresh process with the CPU engine."""
-    model = Path(os.path.expanduser("~/.cache/sglang-echo/models/SmolLM2-135M-Instruct"))
-    if not (model / "config.json").is_file():
-        pytest.skip("SmolLM2 not prepared (python -m sglang_echo.models.prepare)")
-    base = ["--model-path", str(model), "--device", "cpu", "--attention-backend", "echo_torch",
-            "--speculative-algorithm", "ECHO", "--speculative-draft-model-path", str(model)]
-    cases = {
-        "defaults": {"argv": base},
-        "env": {"argv": base, "env": {"SGLANG_ECHO_MAX_DEPTH": "3", "SGLANG_ECHO_W_MAX": "3"}},
-        "flags": {"argv": base + ["--speculative-num-steps", "5", "--speculative-eagle-topk", "3",
-                                  "--max-running-requests", "8", "--enable-mixed-chunk"]},
-        "topk1": {"argv": base + ["--speculative-eagle-topk", "1"]},
-        "no_draft": {"argv": base[:-2]},
-        "calib": {"argv": base, "env": {"SGLANG_ECHO_CALIBRATION": str(tmp_path / "missing.json")}},
-        "policy": {"argv": base, "env": {"SGLANG_ECHO_POLICY": "nope"}},
-    }
-    r = probe(cases, tmp_path)
-    d = r["defaults"]
-    assert d["speculative_algorithm"] == "ECHO"
-    assert (d["speculative_num_steps"], d["speculative_eagle_topk"], d["speculative_num_draft_tokens"]) == (4, 2, 7)
-    assert d["max_running_requests"] == 48 and d["disable_overlap_schedule"] is True
-    assert (r["env"]["speculative_num_steps"], r["env"]["speculative_eagle_topk"]) == (3, 3)
-    assert r["env"]["speculative_num_draft_tokens"] == 1 + 3 * 1 + 3
-    f = r["flags"]
-    assert (f["speculative_num_steps"], f["speculative_eagle_topk"], f["speculative_num_draft_tokens"]) == (5, 3, 9)
-    assert f["max_running_requests"] == 8 and f["enable_mixed_chunk"] is False
-    assert "ECHO needs topk >= 2" in r["topk1"]["error"]
-    assert "--speculative-draft-model-path" in r["no_draft"]["error"]
-    assert "missing.json" in r["calib"]["error"] and "not found" in r["calib"]["error"]
-    assert "policy='nope' is unknown" in r["policy"]["error"]
