@@ -101,10 +101,10 @@ def load_prompts(spec: str, limit: int, tokenizer) -> list[tuple[str, str]]:
 
 def resolve(args: argparse.Namespace) -> tuple[Path, Path | None]:
     from sglang_echo.models.prepare import prepare_for_serving
-    from sglang_echo.serve.flags import cuda_available, resolve_dtype
+    from sglang_echo.serve.flags import resolve_device, resolve_dtype
 
     # the checkpoint and dtype make serve runs, so that the calibration's fingerprint matches it
-    args.dtype = resolve_dtype(args.dtype, args.device or ("cuda" if cuda_available() else "cpu"), args.model is None)
+    args.dtype = resolve_dtype(args.dtype, resolve_device(args.device), args.model is None)
     model = args.model or prepare_for_serving(args.dtype).path
     if not (model / "config.json").is_file():
         raise InputError(f"--model {model}: no config.json there")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from sglang_echo.serve.flags import cpu_has_bf16_gemm
+
 
 def _cpuinfo() -> tuple[str, list[str]]:
     """(model name, vector ISA flags) from /proc/cpuinfo; (processor(), []) where there is none."""
@@ -36,7 +38,7 @@ def describe() -> dict:
         "cpu": cpu, "cores": os.cpu_count(), "isa": isa,
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "mkldnn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "mkldnn_bf16": cpu_has_bf16_gemm(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "load_average": list(os.getloadavg()),
     }

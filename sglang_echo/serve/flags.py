@@ -80,6 +80,11 @@ def cuda_available() -> bool:
         return False
 
 
+def resolve_device(device: str | None) -> str:
+    """The device asked for, else cuda where it is available, else cpu."""
+    return device or ("cuda" if cuda_available() else "cpu")
+
+
 def cpu_has_bf16_gemm() -> bool:
     """True where oneDNN runs bf16 dot products natively (AVX-512 BF16, AMX, AVX-NE-CONVERT)."""
     import torch
@@ -158,7 +163,7 @@ def _spec_args(opts: ServerOptions) -> list[str]:
 
 
 def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCommand:
-    device = opts.device or ("cuda" if cuda_available() else "cpu")
+    device = resolve_device(opts.device)
     argv = [
         python, "-m", "sglang.launch_server",
         "--model-path", str(opts.model_path),

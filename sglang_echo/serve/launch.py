@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sglang_echo.serve.flags import (
-    SPECS, LaunchError, ServerOptions, SpecOptions, build_command, cuda_available, resolve_dtype,
+    SPECS, LaunchError, ServerOptions, SpecOptions, build_command, resolve_device, resolve_dtype,
 )
 
 
@@ -76,7 +76,7 @@ def with_shipped_calibration(opts: ServerOptions) -> ServerOptions:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    args.dtype = resolve_dtype(args.dtype, args.device or ("cuda" if cuda_available() else "cpu"), args.model is None)
+    args.dtype = resolve_dtype(args.dtype, resolve_device(args.device), args.model is None)
     opts = ServerOptions(
         model_path=args.model or Path("<prepared>"),
         port=args.port,

@@ -28,6 +28,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
 
+from sglang_echo.serve.flags import cpu_has_bf16_gemm
+
 from .batches import collate, make_batches
 from .features import Sequence
 
@@ -58,7 +60,7 @@ def resolve_precision(precision: str, device: str) -> str:
     if precision != "auto":
         return precision
     if torch.device(device).type == "cpu":
-        return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "fp32"
+        return "bf16" if cpu_has_bf16_gemm() else "fp32"
     return "bf16"
 
 
