@@ -129,6 +129,17 @@ def build_policy(name: str, cfg: PolicyConfig, calibration=None) -> TreePolicy:
     return make_policy(name, cfg, calibration=calibration)
 
 
+def shipped_draft(target: Path, kind: str) -> Path:
+    """The ``kind`` head that ships with sglang-echo, staged for ``target`` (as ``make serve`` and
+    ``echo-bench serve`` default to it); SystemExit where none ships or it does not fit."""
+    from ..models.drafts import DraftMismatch, shipped_head
+
+    try:
+        return shipped_head(target, kind)
+    except DraftMismatch as e:
+        raise SystemExit(f"--drafter {kind}: {e}") from None
+
+
 def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device,
                   ngram: Optional[Path] = None, use_ngram: bool = True):
     """The drafter (imported lazily) and the target layers it reads."""
@@ -197,7 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="echo-bench acceptance", description=__doc__.splitlines()[0])
     ap.add_argument("--target", type=Path, required=True, help="HF checkpoint dir of the target")
     ap.add_argument("--drafter", choices=("eagle3", "ngram", "dart", "dflash"), required=True)
-    ap.add_argument("--draft", type=Path, help="EAGLE-3 head dir (--drafter eagle3)")
+    ap.add_argument("--draft", type=Path,
+                    help="the drafter's head dir (eagle3, dart, dflash; default: the head of that kind that ships)")
     ap.add_argument("--ngram", type=Path, default=None,
                     help="DART n-gram trie (echo-build-ngram; default: DRAFT/ngram-trie.safetensors if present)")
     ap.add_argument("--no-ngram", action="store_true", help="DART without n-gram pruning (the ablation)")
@@ -220,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md (a .json/.md suffix is dropped)")
     args = ap.parse_args(argv)
+    if args.draft is None and args.drafter != "ngram":
+        args.draft = shipped_draft(args.target, args.drafter)
 
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer

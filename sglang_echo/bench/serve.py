@@ -122,10 +122,19 @@ class Run:
     per_request: list[dict] = field(default_factory=list)  # request_record() of every request
     echo: dict | None = None  # echo_deltas() of the level (ECHO servers with metrics)
     repeat: int = 0  # which pass over the configs (--repeats): speedups compare runs of one pass
+    server_cpu_s: float | None = None  # CPU seconds the server's processes used during the level
 
     @property
     def tokens_per_s(self) -> float:
         return self.completion_tokens / self.seconds
+
+    @property
+    def cpu_ms_per_token(self) -> float | None:
+        """Server CPU milliseconds per generated token: the work a token costs, which other load
+        on a shared host does not change the way it changes wall-clock rates."""
+        if self.server_cpu_s is None or not self.completion_tokens:
+            return None
+        return 1000 * self.server_cpu_s / self.completion_tokens
 
     @property
     def mat(self) -> float | None:
@@ -143,7 +152,7 @@ class Run:
         return {"config": self.config, "concurrency": self.concurrency, "tokens_per_s": self.tokens_per_s,
                 "mat": self.mat, "u_median": u.get("median"), "u_q1": u.get("q1"), "u_q3": u.get("q3"),
                 "verified_per_step": e.get("verified_per_step"), "k_max": e.get("k_max"),
-                "control_share": e.get("control_share")}
+                "control_share": e.get("control_share"), "cpu_ms_per_token": self.cpu_ms_per_token}
 
 
 @dataclass
@@ -397,7 +406,9 @@ class _Server:
         echo = self.spec == "echo"
         before = scrape_echo_metrics(url) if echo else {}
         budgets = max_new_tokens(bench.args.max_new, bench.args.max_new_jitter, n)
+        cpu0 = self.srv.cpu_seconds()
         seconds, outs, latencies = _one_level(url, prompts, c, budgets)
+        cpu_s = self.srv.cpu_seconds() - cpu0
         after = scrape_echo_metrics(url) if echo else {}
         ids = [o.output_ids for o in outs]
         steps = sum(int(o.meta.get("spec_verify_ct", 0)) for o in outs)
@@ -408,7 +419,7 @@ class _Server:
         per_request = [request_record(o.meta, o.output_ids, self.nominal, ds, lat)
                        for o, ds, lat in zip(outs, sets, latencies)]
         r = Run(name, c, len(prompts), seconds, sum(len(i) for i in ids), steps, lossless, self.srv.startup_seconds,
-                self.nominal, per_request, echo_deltas(before, after), rep)
+                self.nominal, per_request, echo_deltas(before, after), rep, cpu_s)
         print(_progress(r), flush=True)
         return r
 
@@ -416,6 +427,8 @@ class _Server:
 def _progress(r: Run) -> str:
     mat = f"{r.mat:.2f}" if r.mat else "-"
     line = f"{r.config:>10} c={r.concurrency:<3} {r.tokens_per_s:7.2f} tok/s  MAT {mat:>5}  lossless {r.lossless}"
+    if r.cpu_ms_per_token is not None:
+        line += f"  server CPU {r.cpu_ms_per_token:.1f} ms/token"
     if r.repeat:
         line = f"[pass {r.repeat + 1}] " + line
     u = r.utilisation

@@ -43,6 +43,12 @@ def none_rates(runs: list[Run]) -> dict[tuple[int, int], float]:
     return {(r.repeat, r.concurrency): r.tokens_per_s for r in runs if r.config == "none"}
 
 
+def none_cpu(runs: list[Run]) -> dict[tuple[int, int], float]:
+    """``none``'s server CPU ms per token per (pass, concurrency), where it was measured."""
+    return {(r.repeat, r.concurrency): r.cpu_ms_per_token for r in runs
+            if r.config == "none" and r.cpu_ms_per_token}
+
+
 def speedups(runs: list[Run]) -> dict[tuple[str, int], list[float]]:
     """Each config's tokens/s over ``none``'s at each level, one ratio per pass (``--repeats``)."""
     base = none_rates(runs)
@@ -53,33 +59,53 @@ def speedups(runs: list[Run]) -> dict[tuple[str, int], list[float]]:
     return out
 
 
+def cpu_savings(runs: list[Run]) -> dict[tuple[str, int], list[float]]:
+    """Each config's server CPU per token against ``none``'s, as ``none / config`` (above 1: the
+    config spends less CPU per token), one ratio per pass."""
+    base = none_cpu(runs)
+    out: dict[tuple[str, int], list[float]] = {}
+    for r in runs:
+        ref = base.get((r.repeat, r.concurrency))
+        if r.config != "none" and ref and r.cpu_ms_per_token:
+            out.setdefault((r.config, r.concurrency), []).append(ref / r.cpu_ms_per_token)
+    return out
+
+
 def repeats_table(runs: list[Run]) -> list[str]:
-    """With several passes: each speedup per pass, and their median."""
-    ratios = speedups(runs)
-    if not any(len(v) > 1 for v in ratios.values()):
-        return []
-    out = ["Speedup vs none per pass (the order alternates between passes), and the median:", "",
-           "| config | concurrency | per pass | median | min |", "| --- | --- | --- | --- | --- |"]
-    for (name, c), rs in ratios.items():
-        out.append(f"| {name} | {c} | {' / '.join(f'{x:.2f}x' for x in rs)} | {statistics.median(rs):.2f}x | {min(rs):.2f}x |")
+    """With several passes: each speedup per pass, and their median; the same for server CPU per token."""
+    out = []
+    for ratios, what in ((speedups(runs), "Speedup vs none (tokens/s)"),
+                         (cpu_savings(runs), "Server CPU per token, none's over the config's")):
+        if not any(len(v) > 1 for v in ratios.values()):
+            continue
+        out += ([""] if out else []) + [
+            f"{what} per pass (the order alternates between passes), and the median:", "",
+            "| config | concurrency | per pass | median | min |", "| --- | --- | --- | --- | --- |"]
+        for (name, c), rs in ratios.items():
+            out.append(f"| {name} | {c} | {' / '.join(f'{x:.2f}x' for x in rs)} | {statistics.median(rs):.2f}x | "
+                       f"{min(rs):.2f}x |")
     return out
 
 
 def markdown(report: Report) -> str:
-    base = none_rates(report.runs)
+    base, base_cpu = none_rates(report.runs), none_cpu(report.runs)
     lines = [
         f"Machine: {report.machine['platform']}, {report.machine['cpus']} CPUs. "
         f"Settings: {json.dumps(report.settings)}",
         "",
-        "| config | concurrency | tokens/s | speedup vs none | MAT | lossless vs none | startup s |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        ("| config | concurrency | tokens/s | speedup vs none | MAT | lossless vs none | startup s | "
+         "server CPU ms/token | CPU per token, none / config |"),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in report.runs:
-        ref = base.get((r.repeat, r.concurrency))
+        ref, ref_cpu = base.get((r.repeat, r.concurrency)), base_cpu.get((r.repeat, r.concurrency))
         speed = f"{r.tokens_per_s / ref:.2f}x" if ref else "-"
         mat = f"{r.mat:.2f}" if r.mat else "-"
         startup = f"{r.startup_seconds:.0f}" if r.startup_seconds else "-"
-        lines.append(f"| {_label(r)} | {r.concurrency} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | {startup} |")
+        cpu = r.cpu_ms_per_token
+        saving = f"{ref_cpu / cpu:.2f}x" if ref_cpu and cpu else "-"
+        lines.append(f"| {_label(r)} | {r.concurrency} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | "
+                     f"{startup} | {_f(cpu, '.1f')} | {saving} |")
     for section in (repeats_table(report.runs), utilisation_table(report.runs), budget_table(report.runs),
                     table1(report.runs)):
         if section:

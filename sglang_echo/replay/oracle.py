@@ -25,3 +25,36 @@ def oracle_accepted(true_len: Tensor, active: Tensor, budget: int, max_depth: in
     a = torch.where(active, true_len.clamp(max=max_depth), torch.zeros_like(true_len))
     roots = int(true_len.numel())
     return int(min(int(a.sum()), max(budget - roots, 0)))
+
+
+class RankedReference:
+    """What trusting the drafter's scores alone gets under the same cap: every recorded node of
+    depth ``1 .. max_depth`` competes batch-wide, and the ``K_max - B`` best by path score S
+    (Eq. 5) are verified, with no gates and no drafting cost counted.
+
+    It sits between a policy and the oracle: the oracle knows which nodes the target accepts,
+    this reference knows only what any scheduler could know from the drafter (the scores of a
+    fully drafted tree), so ``policy / ranked`` is the share a score-driven scheduler could still
+    win and ``ranked / oracle`` the share no ranking by these scores can reach. The kept set is
+    ancestor-closed (S never increases along a path; on ties the stable sort keeps the parent,
+    which comes first in BFS order), so the true-path nodes it keeps are an accepted prefix.
+    """
+
+    def __init__(self, trace, max_depth: int) -> None:
+        self.node_indptr = trace.node_indptr
+        self.score = trace.path_scores()
+        self.on_path = trace.on_true_path()
+        self.drafted = (trace.depth >= 1) & (trace.depth <= max_depth)
+
+    def accepted(self, trees: Tensor, budget: int) -> int:
+        """``trees``: ``[B]`` the recorded tree of each batch row (-1: inactive, still a root)."""
+        n = max(budget - trees.numel(), 0)
+        live = trees[trees >= 0]
+        if n == 0 or live.numel() == 0:
+            return 0
+        lo, hi = self.node_indptr[live], self.node_indptr[live + 1]
+        nodes = torch.repeat_interleave(lo - torch.cumsum(torch.cat([lo.new_zeros(1), (hi - lo)[:-1]]), 0), hi - lo)
+        nodes = nodes + torch.arange(nodes.numel())
+        nodes = nodes[self.drafted[nodes]]
+        top = torch.sort(self.score[nodes], descending=True, stable=True).indices[:n]
+        return int(self.on_path[nodes[top]].sum())

@@ -16,6 +16,8 @@ COLUMNS = (
     ("verified_over_k_max", "verified/K_max", "{:.2f}"),
     ("oracle_accepted_per_step", "oracle/step", "{:.2f}"),
     ("oracle_fraction", "oracle frac", "{:.3f}"),
+    ("ranked_accepted_per_step", "ranked/step", "{:.2f}"),
+    ("ranked_fraction", "ranked frac", "{:.3f}"),
     ("draft_ms_per_step", "draft ms", "{:.1f}"),
     ("verify_ms_per_step", "verify ms", "{:.1f}"),
     ("tokens_per_s", "tok/s", "{:.1f}"),

@@ -39,7 +39,7 @@ from sglang_echo.eval.loop import (
 )
 
 from .drafter import Coverage, RecordedDrafter
-from .oracle import oracle_accepted
+from .oracle import RankedReference, oracle_accepted
 from .trace import Trace
 
 
@@ -57,6 +57,7 @@ class ReplayResult:
     committed: list[int] = field(default_factory=list)  # tokens produced (cut at stream ends)
     oracle_kmax: list[int] = field(default_factory=list)  # J* with budget K_max
     oracle_matched: list[int] = field(default_factory=list)  # J* with the policy's own verified tokens
+    ranked_kmax: list[int] = field(default_factory=list)  # RankedReference with budget K_max
     draft_calls: list[list[tuple[int, int, int, int]]] = field(default_factory=list)  # propose shapes
     catch_up: list[tuple[int, int]] = field(default_factory=list)  # (rows, max tokens per row)
     coverage: Coverage = field(default_factory=Coverage)
@@ -89,7 +90,7 @@ class ReplayResult:
 
     def summary(self) -> dict:
         s = max(self.steps, 1)
-        acc, orc, orm = self.accepted, sum(self.oracle_kmax), sum(self.oracle_matched)
+        acc, orc, orm, rnk = self.accepted, sum(self.oracle_kmax), sum(self.oracle_matched), sum(self.ranked_kmax)
         return {
             "policy": self.policy,
             "batch": self.batch_size,
@@ -103,6 +104,9 @@ class ReplayResult:
             "oracle_accepted_per_step": orc / s,
             "oracle_fraction": acc / orc if orc else (1.0 if acc == 0 else float("inf")),
             "oracle_matched_fraction": acc / orm if orm else 1.0,
+            "ranked_accepted_per_step": rnk / s,
+            "ranked_fraction": acc / rnk if rnk else (1.0 if acc == 0 else float("inf")),
+            "ranked_oracle_fraction": rnk / orc if orc else 1.0,
             "yield": acc / max(self.verified - self.request_steps, 1),
             "coverage": self.coverage.fraction,
             "coverage_detail": self.coverage.as_dict(),
@@ -119,6 +123,7 @@ class _Replayer:
         self.drafter.coverage = Coverage()
         self.drafter.propose_shapes = []
         self.true_len = trace.true_path_length()
+        self.ranked = RankedReference(trace, policy.max_depth)
         self.out_lo, self.out_hi = trace.output_indptr[:-1], trace.output_indptr[1:]
 
     def step(self, res: ReplayResult, prompt: Tensor, gen: Tensor, active: Tensor, roots: Tensor) -> Tensor:
@@ -142,6 +147,7 @@ class _Replayer:
         depth = self.policy.max_depth
         res.oracle_kmax.append(oracle_accepted(a, active, self.k_max, depth))
         res.oracle_matched.append(oracle_accepted(a, active, int(sizes.sum()), depth))
+        res.ranked_kmax.append(self.ranked.accepted(tree, self.k_max))
         res.draft_calls.append(self.drafter.propose_shapes[n_calls:])
         res.catch_up.append((int(active.numel()), int(torch.where(active, acc + 1, 0).max()) if active.any() else 0))
         return acc

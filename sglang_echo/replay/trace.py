@@ -144,9 +144,14 @@ class Trace:
         """[T] global index of every tree's root."""
         return self.node_indptr[:-1].clone()
 
-    def true_path_length(self) -> Tensor:
-        """[T] depth of the longest root path that matches the greedy continuation (the accepted
-        length an oracle verifier could reach inside the recorded tree)."""
+    def global_parent(self) -> Tensor:
+        """[N] global index of each node's parent (-1 for roots)."""
+        base = self.node_indptr[:-1][self.tree_of_node()]
+        return torch.where(self.parent >= 0, self.parent + base, -1)
+
+    def on_true_path(self) -> Tensor:
+        """[N] whether the node's root path matches the greedy continuation (so a verifier
+        would accept it; roots are)."""
         tree = self.tree_of_node()
         prompt_of_tree = torch.repeat_interleave(torch.arange(self.num_prompts), self.tree_indptr[1:] - self.tree_indptr[:-1])
         pos = torch.arange(self.num_trees) - self.tree_indptr[:-1][prompt_of_tree]
@@ -156,12 +161,27 @@ class Trace:
         ok_idx = idx < self.output_indptr[p + 1]
         want = torch.where(ok_idx, self.output_tokens[idx.clamp(max=self.output_tokens.numel() - 1)], -1)
         match = self.token == want
-        gparent = torch.where(self.parent >= 0, self.parent + self.node_indptr[:-1][tree], -1)
+        gparent = self.global_parent()
         on = self.depth == 0
         for _ in range(int(self.depth.max()) if self.num_nodes else 0):  # on the path iff parent is
             on = (self.depth == 0) | (match & on[gparent.clamp(min=0)] & (gparent >= 0))
-        depth = torch.where(on, self.depth, torch.zeros_like(self.depth))
-        return torch.zeros(self.num_trees, dtype=torch.int64).scatter_reduce(0, tree, depth, reduce="amax")
+        return on
+
+    def true_path_length(self) -> Tensor:
+        """[T] depth of the longest root path that matches the greedy continuation (the accepted
+        length an oracle verifier could reach inside the recorded tree)."""
+        depth = torch.where(self.on_true_path(), self.depth, torch.zeros_like(self.depth)).to(torch.int64)
+        return torch.zeros(self.num_trees, dtype=torch.int64).scatter_reduce(0, self.tree_of_node(), depth, reduce="amax")
+
+    def path_scores(self) -> Tensor:
+        """[N] the drafter's path score S of every node (Eq. 5: the sum of log q along its root
+        path; 0 at roots). Nodes are in BFS order, so one pass per depth fills it."""
+        gparent = self.global_parent()
+        score = torch.zeros(self.num_nodes, dtype=torch.float32)
+        for d in range(1, int(self.depth.max()) + 1 if self.num_nodes else 1):
+            at = (self.depth == d).nonzero().flatten()
+            score[at] = score[gparent[at]] + self.logprob[at].float()
+        return score
 
     # -- files ------------------------------------------------------------------------------------
     def save(self, stem: str | Path) -> tuple[Path, Path]:

@@ -164,6 +164,28 @@ class SGLangServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds the server has used so far: its process and every live
+        descendant (sglang's scheduler and detokenizer). A difference of two readings is the work
+        a load cost the server, whatever else ran on the machine meanwhile."""
+        import psutil
+
+        if self.proc is None:
+            return 0.0
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return 0.0
+        total = 0.0
+        for proc in procs:
+            try:
+                t = proc.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
     def stop(self, grace: float = 10.0) -> None:
         """Terminate the whole process group: SIGTERM, then SIGKILL after `grace` seconds."""
         proc, self.proc = self.proc, None

@@ -16,7 +16,7 @@ from sglang_echo.bench.serve import (
     report_from_json,
     request_record,
 )
-from sglang_echo.bench.serve_tables import speedups
+from sglang_echo.bench.serve_tables import cpu_savings, speedups
 
 # What an ECHO server's /generate returns for one request: 3 verify steps with trees of depth
 # 4, 2 and 0 (root only); 1 prefill token + 7 committed by the steps.
@@ -119,6 +119,21 @@ def test_passes_compare_within_a_pass():
     assert "| echo (pass 2) | 8 | 36.00 | 1.20x |" in md
     assert "| echo | 8 | 1.10x / 1.20x / 1.00x | 1.10x | 1.00x |" in md
     assert "per pass" not in markdown(Report({"platform": "test", "cpus": 2}, {}, runs[:2]))  # one pass: no summary
+
+
+def test_server_cpu_per_token_compares_within_a_pass():
+    """Server CPU per token beside tokens/s: none's over the config's, per pass; runs without a
+    reading (older files) show none."""
+    runs = []
+    for rep, (none_cpu, echo_cpu) in enumerate(((6.4, 3.2), (6.4, 6.4))):
+        runs += [Run("none", 8, 8, 2.0, 64, 0, None, repeat=rep, server_cpu_s=none_cpu),
+                 Run("echo", 8, 8, 2.0, 64, 32, True, repeat=rep, server_cpu_s=echo_cpu)]
+    assert runs[0].cpu_ms_per_token == pytest.approx(100.0)
+    assert cpu_savings(runs)[("echo", 8)] == pytest.approx([2.0, 1.0])
+    md = markdown(Report({"platform": "test", "cpus": 2}, {}, runs))
+    assert "| echo | 8 | 32.00 | 1.00x | 2.00 | True | - | 50.0 | 2.00x |" in md
+    assert "| echo | 8 | 2.00x / 1.00x | 1.50x | 1.00x |" in md
+    assert Run("none", 8, 8, 2.0, 64, 0, None).cpu_ms_per_token is None
 
 
 def test_json_round_trip_and_old_files(tmp_path):

@@ -70,3 +70,13 @@ def test_mismatch_exits_nonzero(tmp_path, tiny_llama_dir, monkeypatch, capsys):
     assert "MISMATCH" in capsys.readouterr().err
     data = json.loads((tmp_path / "bad.json").read_text())
     assert data["mismatch_details"]
+
+
+def test_the_shipped_head_is_the_default_draft_and_a_misfit_says_so(tiny_llama_dir, smollm2_dir):
+    """Without --draft a learned drafter takes the head of its kind that ships, as `make serve`
+    does; on a target it was not trained for, the command says why instead of failing later."""
+    from sglang_echo.models.drafts import SMOLLM2_EAGLE3
+
+    assert acceptance.shipped_draft(smollm2_dir, "eagle3").name.endswith(SMOLLM2_EAGLE3.name)
+    with pytest.raises(SystemExit, match="--drafter eagle3: .* was trained for a target with hidden_size"):
+        acceptance.main(["--target", str(tiny_llama_dir), "--drafter", "eagle3", "--policies", "chain2", *SMALL])

@@ -1,4 +1,5 @@
-"""The oracle under K_max: a hand-built trace worked by hand, and oracle >= every policy."""
+"""The oracle under K_max and the score-ranked reference: a hand-built trace worked by hand, and
+oracle >= ranked, oracle >= every policy."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 
 from sglang_echo.core.baselines import Chain
 from sglang_echo.core.factory import POLICIES, PolicyConfig, make_policy
-from sglang_echo.replay.oracle import oracle_accepted
+from sglang_echo.replay.oracle import RankedReference, oracle_accepted
 from sglang_echo.replay.simulate import replay_offline, replay_serving
 from sglang_echo.replay.trace import Trace, TraceMeta
 
@@ -53,6 +54,19 @@ def test_true_paths_and_oracle_by_hand():
     assert oracle_accepted(a, torch.tensor([False, True, True]), budget=100, max_depth=8) == 1
 
 
+def test_ranked_reference_by_hand():
+    tr = hand_trace()
+    # Drafted nodes by path score (tree, node, S, on the true path): (0,1,-0.1,+) (1,1,-0.1,-)
+    # (2,1,-0.1,-) (1,3,-0.2,-) (0,3,-0.3,+) (1,2,-0.5,+) (0,5,-0.6,+) (0,2,-1.0,-) (0,4,-1.0,-);
+    # ties go to the earlier row, as to a parent before its child.
+    ref, rows = RankedReference(tr, max_depth=3), torch.tensor([0, 1, 2])
+    assert [ref.accepted(rows, 3 + n) for n in (0, 1, 3, 5, 6, 7, 9)] == [0, 1, 1, 2, 3, 4, 4]
+    assert ref.accepted(rows, 2) == 0  # not even the roots fit
+    assert RankedReference(tr, max_depth=2).accepted(rows, 100) == 3  # node (0,5) is at depth 3
+    assert ref.accepted(torch.tensor([-1, 1, 2]), 3 + 6) == 1  # an inactive row: its root only
+    assert tr.path_scores()[[3, 5, 9]].tolist() == pytest.approx([-0.3, -0.6, -0.2])
+
+
 def test_replay_by_hand():
     tr = hand_trace()
     # Chain of depth 3 at o_0 drafts 11, 12, 13: all accepted, bonus o_4; the stream (4 tokens) ends.
@@ -79,8 +93,10 @@ def test_oracle_bounds_every_policy(B, k_per_req, hash_trace):
     for name in POLICIES:
         policy = make_policy(name, cfg)
         res = replay_serving(hash_trace, policy, B, k_max=k_max, min_steps=6, min_tokens=0)
-        for acc, om, ok, ver in zip(res.accept_len, res.oracle_matched, res.oracle_kmax, res.verified_total):
+        for acc, om, ok, rk, ver in zip(res.accept_len, res.oracle_matched, res.oracle_kmax, res.ranked_kmax,
+                                        res.verified_total):
             assert int(acc.sum()) <= om  # with the policy's own verified tokens as the budget
+            assert rk <= ok
             if policy.budgeted:
                 assert ver <= max(k_max, B) and int(acc.sum()) <= ok
         s = res.summary()

@@ -195,3 +195,23 @@ def test_a_server_process_dies_with_its_parent() -> None:
     while _running(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _running(child), "the child outlived its parent"
+
+
+def test_server_cpu_seconds_count_the_whole_process_tree() -> None:
+    """echo-bench serve's CPU per token: the server's CPU is its process plus its live children
+    (sglang's scheduler does the work, in a child)."""
+    child = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\nprint(1, flush=True)\ntime.sleep(60)\n"
+    parent = ("import subprocess, sys, time\n"
+              f"c = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, text=True)\n"
+              "c.stdout.readline(); print(1, flush=True); time.sleep(60)\n")
+    srv = SGLangServer(ServerOptions(port=32098, model_path=Path("unused")))
+    assert srv.cpu_seconds() == 0.0  # not started
+    srv.proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    try:
+        srv.proc.stdout.readline()  # the child has burnt its 0.5 s
+        assert srv.cpu_seconds() >= 0.5
+        assert srv.cpu_seconds() < 5  # the parent only waits
+    finally:
+        srv.stop(grace=1)
+    assert srv.cpu_seconds() == 0.0
