@@ -242,7 +242,9 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from ..serve.flags import resolve_device
+
+    device = torch.device(resolve_device(args.device))
     k_max = args.k_max or 8 * args.batch
     cfg = PolicyConfig(k_max=k_max, max_depth=args.max_depth, w_def=args.w_def, w_max=args.w_max,
                        topk=args.topk, total_tokens=args.total_tokens)

@@ -52,9 +52,9 @@ class RankedReference:
         live = trees[trees >= 0]
         if n == 0 or live.numel() == 0:
             return 0
-        lo, hi = self.node_indptr[live], self.node_indptr[live + 1]
-        nodes = torch.repeat_interleave(lo - torch.cumsum(torch.cat([lo.new_zeros(1), (hi - lo)[:-1]]), 0), hi - lo)
-        nodes = nodes + torch.arange(nodes.numel())
+        lo, counts = self.node_indptr[live], self.node_indptr[live + 1] - self.node_indptr[live]
+        first = torch.cumsum(counts, 0) - counts  # each tree's offset in the flat list
+        nodes = torch.arange(int(counts.sum())) + torch.repeat_interleave(lo - first, counts)  # global ids
         nodes = nodes[self.drafted[nodes]]
         top = torch.sort(self.score[nodes], descending=True, stable=True).indices[:n]
         return int(self.on_path[nodes[top]].sum())

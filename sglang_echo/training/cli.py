@@ -29,7 +29,7 @@ from sglang_echo.platform.packed_linear import pack_linears
 
 from .datagen import BACKENDS, generate
 from .features import capture_dir, load_sequences
-from .trainer import PRECISIONS, TrainConfig, default_device, evaluate, resolve_precision, train
+from .trainer import PRECISIONS, TrainConfig, evaluate, resolve_precision, train
 
 
 def _target_weights(target: Path) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.init_from is not None and args.kind != "eagle3":
         ap.error("--init-from: EAGLE-3 heads only")
-    device = args.device or default_device()
+    from ..serve.flags import resolve_device
+
+    device = resolve_device(args.device)
     precision = resolve_precision(args.precision, device)
 
     target = args.target

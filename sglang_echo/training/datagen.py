@@ -222,8 +222,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="float32", help="target dtype (float32 is fastest on CPUs without bf16 units)")
     ap.add_argument("--shard-size", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default=None, help="default: cuda where available, else cpu")
     a = ap.parse_args(argv)
+    from ..serve.flags import resolve_device
+
+    a.device = resolve_device(a.device)
     generate(a.model, a.out, a.prompts, a.max_new, a.batch, a.shard_size, a.seed, a.dtype, a.device, a.backend, a.offset)
 
 

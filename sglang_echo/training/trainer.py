@@ -51,10 +51,6 @@ class TrainConfig:
 PRECISIONS = ("fp32", "bf16")
 
 
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def resolve_precision(precision: str, device: str) -> str:
     """``auto``: bf16 on GPUs and on CPUs with native bf16 GEMMs (AVX-512 BF16 / AMX), else fp32."""
     if precision != "auto":
