@@ -38,6 +38,7 @@ from ..core.baselines import Chain
 from ..core.factory import POLICIES, PolicyConfig, make_policy
 from ..core.policy import TreePolicy
 from ..platform.packed_linear import pack_linears
+from ..serve.flags import resolve_device
 
 
 @dataclass
@@ -242,8 +243,6 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from ..serve.flags import resolve_device
-
     device = torch.device(resolve_device(args.device))
     k_max = args.k_max or 8 * args.batch
     cfg = PolicyConfig(k_max=k_max, max_depth=args.max_depth, w_def=args.w_def, w_max=args.w_max,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .figures import CONTROL_GOAL  # issue 8: control overhead <= 3% of step time at every batch size
 
@@ -38,37 +38,41 @@ def _f(x, fmt: str = ".2f", suffix: str = "") -> str:
     return "-" if x is None else f"{x:{fmt}}{suffix}"
 
 
+def _none_values(runs: list[Run], metric: Callable[[Run], float | None]) -> dict[tuple[int, int], float]:
+    """``none``'s ``metric`` per (pass, concurrency), where it has one: what ratios are taken against."""
+    return {(r.repeat, r.concurrency): v for r in runs if r.config == "none" and (v := metric(r)) is not None}
+
+
+def _ratios_to_none(runs: list[Run], metric: Callable[[Run], float | None]) -> dict[tuple[str, int], list[float]]:
+    """Each config's ``metric`` over ``none``'s at each level, one ratio per pass (``--repeats``)."""
+    base = _none_values(runs, metric)
+    out: dict[tuple[str, int], list[float]] = {}
+    for r in runs:
+        ref, v = base.get((r.repeat, r.concurrency)), metric(r)
+        if r.config != "none" and ref and v is not None:
+            out.setdefault((r.config, r.concurrency), []).append(v / ref)
+    return out
+
+
+def _tokens_per_cpu_s(r: Run) -> float | None:
+    """Tokens per server CPU second: its ratio to none's is none's CPU per token over the config's."""
+    return 1000 / r.cpu_ms_per_token if r.cpu_ms_per_token else None
+
+
 def none_rates(runs: list[Run]) -> dict[tuple[int, int], float]:
     """``none``'s tokens/s per (pass, concurrency): what every speedup is taken against."""
-    return {(r.repeat, r.concurrency): r.tokens_per_s for r in runs if r.config == "none"}
-
-
-def none_cpu(runs: list[Run]) -> dict[tuple[int, int], float]:
-    """``none``'s server CPU ms per token per (pass, concurrency), where it was measured."""
-    return {(r.repeat, r.concurrency): r.cpu_ms_per_token for r in runs
-            if r.config == "none" and r.cpu_ms_per_token}
+    return _none_values(runs, lambda r: r.tokens_per_s)
 
 
 def speedups(runs: list[Run]) -> dict[tuple[str, int], list[float]]:
     """Each config's tokens/s over ``none``'s at each level, one ratio per pass (``--repeats``)."""
-    base = none_rates(runs)
-    out: dict[tuple[str, int], list[float]] = {}
-    for r in runs:
-        if r.config != "none" and base.get((r.repeat, r.concurrency)):
-            out.setdefault((r.config, r.concurrency), []).append(r.tokens_per_s / base[r.repeat, r.concurrency])
-    return out
+    return _ratios_to_none(runs, lambda r: r.tokens_per_s)
 
 
 def cpu_savings(runs: list[Run]) -> dict[tuple[str, int], list[float]]:
     """Each config's server CPU per token against ``none``'s, as ``none / config`` (above 1: the
     config spends less CPU per token), one ratio per pass."""
-    base = none_cpu(runs)
-    out: dict[tuple[str, int], list[float]] = {}
-    for r in runs:
-        ref = base.get((r.repeat, r.concurrency))
-        if r.config != "none" and ref and r.cpu_ms_per_token:
-            out.setdefault((r.config, r.concurrency), []).append(ref / r.cpu_ms_per_token)
-    return out
+    return _ratios_to_none(runs, _tokens_per_cpu_s)
 
 
 def repeats_table(runs: list[Run]) -> list[str]:
@@ -88,7 +92,7 @@ def repeats_table(runs: list[Run]) -> list[str]:
 
 
 def markdown(report: Report) -> str:
-    base, base_cpu = none_rates(report.runs), none_cpu(report.runs)
+    base, base_cpu = none_rates(report.runs), _none_values(report.runs, _tokens_per_cpu_s)
     lines = [
         f"Machine: {report.machine['platform']}, {report.machine['cpus']} CPUs. "
         f"Settings: {json.dumps(report.settings)}",
@@ -103,7 +107,7 @@ def markdown(report: Report) -> str:
         mat = f"{r.mat:.2f}" if r.mat else "-"
         startup = f"{r.startup_seconds:.0f}" if r.startup_seconds else "-"
         cpu = r.cpu_ms_per_token
-        saving = f"{ref_cpu / cpu:.2f}x" if ref_cpu and cpu else "-"
+        saving = f"{_tokens_per_cpu_s(r) / ref_cpu:.2f}x" if ref_cpu and cpu else "-"
         lines.append(f"| {_label(r)} | {r.concurrency} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | "
                      f"{startup} | {_f(cpu, '.1f')} | {saving} |")
     for section in (repeats_table(report.runs), utilisation_table(report.runs), budget_table(report.runs),

@@ -42,8 +42,8 @@ class RankedReference:
 
     def __init__(self, trace, max_depth: int) -> None:
         self.node_indptr = trace.node_indptr
-        self.score = trace.path_scores()
-        self.on_path = trace.on_true_path()
+        self.score = trace.path_scores
+        self.on_path = trace.on_true_path
         self.drafted = (trace.depth >= 1) & (trace.depth <= max_depth)
 
     def accepted(self, trees: Tensor, budget: int) -> int:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional
 
@@ -149,9 +150,10 @@ class Trace:
         base = self.node_indptr[:-1][self.tree_of_node()]
         return torch.where(self.parent >= 0, self.parent + base, -1)
 
+    @cached_property
     def on_true_path(self) -> Tensor:
         """[N] whether the node's root path matches the greedy continuation (so a verifier
-        would accept it; roots are)."""
+        would accept it; roots are). Computed once per trace: every replayed policy reads it."""
         tree = self.tree_of_node()
         prompt_of_tree = torch.repeat_interleave(torch.arange(self.num_prompts), self.tree_indptr[1:] - self.tree_indptr[:-1])
         pos = torch.arange(self.num_trees) - self.tree_indptr[:-1][prompt_of_tree]
@@ -170,12 +172,14 @@ class Trace:
     def true_path_length(self) -> Tensor:
         """[T] depth of the longest root path that matches the greedy continuation (the accepted
         length an oracle verifier could reach inside the recorded tree)."""
-        depth = torch.where(self.on_true_path(), self.depth, torch.zeros_like(self.depth)).to(torch.int64)
+        depth = torch.where(self.on_true_path, self.depth, torch.zeros_like(self.depth)).to(torch.int64)
         return torch.zeros(self.num_trees, dtype=torch.int64).scatter_reduce(0, self.tree_of_node(), depth, reduce="amax")
 
+    @cached_property
     def path_scores(self) -> Tensor:
         """[N] the drafter's path score S of every node (Eq. 5: the sum of log q along its root
-        path; 0 at roots). Nodes are in BFS order, so one pass per depth fills it."""
+        path; 0 at roots). Nodes are in BFS order, so one pass per depth fills it. Computed once
+        per trace."""
         gparent = self.global_parent()
         score = torch.zeros(self.num_nodes, dtype=torch.float32)
         for d in range(1, int(self.depth.max()) + 1 if self.num_nodes else 1):

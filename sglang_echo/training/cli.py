@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from sglang_echo.platform.packed_linear import pack_linears
+from sglang_echo.serve.flags import resolve_device
 
 from .datagen import BACKENDS, generate
 from .features import capture_dir, load_sequences
@@ -141,8 +142,6 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.init_from is not None and args.kind != "eagle3":
         ap.error("--init-from: EAGLE-3 heads only")
-    from ..serve.flags import resolve_device
-
     device = resolve_device(args.device)
     precision = resolve_precision(args.precision, device)
 

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from sglang_echo.models.prompts import Prompt
 from sglang_echo.platform.packed_linear import pack_linears
+from sglang_echo.serve.flags import resolve_device
 
 from .prompt_pool import build_pool, prompt_text
 
@@ -224,8 +225,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None, help="default: cuda where available, else cpu")
     a = ap.parse_args(argv)
-    from ..serve.flags import resolve_device
-
     a.device = resolve_device(a.device)
     generate(a.model, a.out, a.prompts, a.max_new, a.batch, a.shard_size, a.seed, a.dtype, a.device, a.backend, a.offset)
 

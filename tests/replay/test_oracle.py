@@ -64,7 +64,7 @@ def test_ranked_reference_by_hand():
     assert ref.accepted(rows, 2) == 0  # not even the roots fit
     assert RankedReference(tr, max_depth=2).accepted(rows, 100) == 3  # node (0,5) is at depth 3
     assert ref.accepted(torch.tensor([-1, 1, 2]), 3 + 6) == 1  # an inactive row: its root only
-    assert tr.path_scores()[[3, 5, 9]].tolist() == pytest.approx([-0.3, -0.6, -0.2])
+    assert tr.path_scores[[3, 5, 9]].tolist() == pytest.approx([-0.3, -0.6, -0.2])
 
 
 def test_replay_by_hand():
