@@ -13,7 +13,7 @@ draft and verify milliseconds per step, and end-to-end generated tokens per seco
 Policy names: ``chainN`` (a chain of depth N), ``static-tree`` (EAGLE-3's 8 steps / top-10 /
 60 tokens unless ``--max-depth``/``--topk``/``--total-tokens`` say otherwise), and every name of
 :data:`sglang_echo.core.factory.POLICIES` (``echo`` = ECHO with the default gating, or the
-``--calibration`` file's). Budgeted policies share ``--k-max`` verified tokens per step over the
+``--calibration`` file's; by default the one shipped for the target and drafter). Budgeted policies share ``--k-max`` verified tokens per step over the
 batch (default ``8 * batch``). ``ar`` (plain decoding, the reference) is always the first row.
 ``dart-tree`` is DART's static tree (Algorithm 1: beam 20, 25 candidates per position, 59 nodes;
 ``--drafter dart`` only; ``--ngram FILE`` / ``--no-ngram`` choose DART's n-gram pruning).
@@ -141,6 +141,24 @@ def shipped_draft(target: Path, kind: str) -> Path:
         raise SystemExit(f"--drafter {kind}: {e}") from None
 
 
+def gating_calibration(spec: str, target: Path, drafter: str, draft: Optional[Path]):
+    """(calibration or None for the paper's defaults, where it came from) for ``--calibration``.
+    ``shipped`` picks what the server picks for this target and drafter, so ECHO's rows measure
+    the gates ``make serve`` runs."""
+    from ..calibration.shipped import shipped_calibration
+    from ..core.calibration_file import fingerprint, load_calibration
+    from ..integration.config import drafter_fingerprint
+
+    if spec == "defaults":
+        return None, "the paper's default gates"
+    path = shipped_calibration(target, drafter, draft) if spec == "shipped" else Path(spec)
+    if path is None:
+        return None, "the paper's default gates (no shipped calibration for this target and drafter)"
+    calibration = load_calibration(path, model_fingerprint=fingerprint(target), drafter_kind=drafter,
+                                   drafter_fingerprint=drafter_fingerprint(drafter, draft))
+    return calibration, str(path)
+
+
 def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device,
                   ngram: Optional[Path] = None, use_ngram: bool = True):
     """The drafter (imported lazily) and the target layers it reads."""
@@ -225,7 +243,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--total-tokens", type=int, default=60, help="static tree, root included")
     ap.add_argument("--w-def", type=int, default=1)
     ap.add_argument("--w-max", type=int, default=4)
-    ap.add_argument("--calibration", type=Path, default=None, help="echo-calibrate output (default: paper defaults)")
+    ap.add_argument("--calibration", default="shipped",
+                    help="ECHO's gates: an echo-calibrate file, 'shipped' (the calibration shipped for this target and "
+                         "drafter, as the server picks it; paper defaults where none matches) or 'defaults' (the paper's)")
     ap.add_argument("--ignore-eos", action="store_true", help="always generate --max-new tokens")
     ap.add_argument("--max-prompt-len", type=int, default=None, help="keep only the last N prompt tokens")
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -247,13 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     k_max = args.k_max or 8 * args.batch
     cfg = PolicyConfig(k_max=k_max, max_depth=args.max_depth, w_def=args.w_def, w_max=args.w_max,
                        topk=args.topk, total_tokens=args.total_tokens)
-    calibration = None
-    if args.calibration is not None:
-        from ..core.calibration_file import fingerprint, load_calibration
-        from ..integration.config import drafter_fingerprint
-
-        calibration = load_calibration(args.calibration, model_fingerprint=fingerprint(args.target), drafter_kind=args.drafter,
-                                       drafter_fingerprint=drafter_fingerprint(args.drafter, args.draft))
+    calibration, gating_source = gating_calibration(args.calibration, args.target, args.drafter, args.draft)
+    print(f"[acceptance] ECHO gates with {gating_source}")
     policy_names = [p.strip() for p in args.policies.split(",") if p.strip()]
     set_names = [s.strip() for s in args.prompts.split(",") if s.strip()]
     policies = {n: build_policy(n, cfg, calibration) for n in policy_names}  # fail fast on bad names
@@ -323,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
             "captured_layers": list(captured),
             "drafter_config": drafter.describe() if hasattr(drafter, "describe") else None,
             "k_max": k_max,
+            "calibration": gating_source,
             "policies": {n: p.name for n, p in policies.items()},
             "eos_id": eos,
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

@@ -49,23 +49,12 @@ def build_eagle3(target: Path, seqs, args):
     """(model, loss_fn, save_fn) of an EAGLE-3 head for ``target``."""
     from sglang_echo.drafters.eagle3_head import Eagle3Config, Eagle3Head
 
-    from .eagle3 import draft_vocab, init_head, ttt_loss
+    from .eagle3 import start_head, ttt_loss
     from .teacher import TargetTail
 
     cfg, embed, lm_head, norm = _target_weights(target)
     head_cfg = Eagle3Config.for_target(cfg, args.draft_vocab)
-    if args.init_from is not None:  # go on training a head (its draft vocabulary included)
-        head = Eagle3Head.load(args.init_from, embed)
-        if head.cfg != head_cfg:
-            raise SystemExit(f"--init-from {args.init_from}: {head.cfg} is not this target's EAGLE-3 head "
-                             f"with --draft-vocab {args.draft_vocab} ({head_cfg})")
-        ids = head.t2d.nonzero().flatten()
-    else:
-        special = tuple(t for t in (cfg.get("bos_token_id"), cfg.get("eos_token_id")) if t is not None)
-        ids = draft_vocab(seqs, args.draft_vocab, cfg["vocab_size"], special)
-        torch.manual_seed(args.seed)
-        head = Eagle3Head(head_cfg, embed)
-        init_head(head, ids, lm_head, norm)
+    head, ids = start_head(Eagle3Head, head_cfg, cfg, (embed, lm_head, norm), seqs, args)
     teacher = TargetTail.for_features(target, head_cfg.aux_layer_ids, ids) if args.eagle3_teacher == "target" else None
     loss_fn = partial(ttt_loss, steps=args.ttt_steps, teacher=teacher)
     return head, loss_fn, lambda out: head.save(out, dtype=torch.float32)
@@ -114,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="EAGLE-3: CE on the greedy labels, or KL to the target's distribution as SpecForge trains "
                          "(behind on every step in benchmarks/results/train-eagle3-objective)")
     ap.add_argument("--init-from", type=Path, default=None,
-                    help="EAGLE-3: go on training this head (same target and draft vocabulary) instead of a fresh one")
+                    help="go on training this head of --kind (same target, geometry and draft vocabulary) instead of a fresh one")
     ap.add_argument("--dart-depth", type=int, default=8, help="DART: shifted logits per forward (d; d-1 mask positions)")
     ap.add_argument("--dart-gamma", type=float, default=0.6, help="DART: KL weight of output k is gamma^(k-1)")
     ap.add_argument("--dart-teacher", choices=("target", "labels"), default="target",
@@ -140,10 +129,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="who answers the prompt pool: the sglang server (continuous batching) or transformers' generate")
     ap.add_argument("--gen-batch", type=int, default=64, help="self-distillation requests in flight (server) or per generate call (hf)")
     args = ap.parse_args(argv)
-    if args.init_from is not None and args.kind != "eagle3":
-        ap.error("--init-from: EAGLE-3 heads only")
     device = resolve_device(args.device)
-    precision = resolve_precision(args.precision, device)
+    precision = args.precision = resolve_precision(args.precision, device)  # the kinds' builders read it too
 
     target = args.target
     if target is None:
@@ -180,12 +167,12 @@ def main(argv: list[str] | None = None) -> None:
     model.save(args.out, dtype=torch.bfloat16)
     report.update(kind=args.kind, target=str(target), captured_layers=list(layers), ttt_steps=args.ttt_steps,
                   draft_vocab=args.draft_vocab, train_config=asdict(cfg), prompts=args.prompts,
-                  prompt_offset=args.prompt_offset, device=device,
+                  prompt_offset=args.prompt_offset, init_from=str(args.init_from) if args.init_from else None,
+                  init_eval_top1_per_step=start_acc, device=device,
                   precision=precision, gen_dtype=args.gen_dtype, gen_backend=args.gen_backend,
                   wall_seconds=round(time.time() - t0))
     if args.kind == "eagle3":
-        report.update(eagle3_teacher=args.eagle3_teacher, init_from=str(args.init_from) if args.init_from else None,
-                      init_eval_top1_per_step=start_acc)
+        report.update(eagle3_teacher=args.eagle3_teacher)
     if args.kind == "dart":
         report.update(dart_depth=args.dart_depth, dart_gamma=args.dart_gamma, dart_teacher=args.dart_teacher,
                       dart_shared_mask=args.dart_shared_mask)

@@ -126,20 +126,17 @@ def dart_loss(head: DartHead, batch: Batch, gamma: float = GAMMA, teacher=None) 
 def build(target: Path, seqs, args):
     """(model, loss_fn, save_fn) of a DART head for ``target`` (like ``training.cli.build_eagle3``)."""
     from .cli import _target_weights
-    from .eagle3 import draft_vocab, init_head
+    from .eagle3 import start_head
 
     cfg, embed, lm_head, norm = _target_weights(target)
     L = cfg["num_hidden_layers"]
     depth = getattr(args, "dart_depth", 8)
     head_cfg = DartConfig.for_target(cfg, args.draft_vocab, captured_layers(L), depth=depth,
                                      shared_mask=getattr(args, "dart_shared_mask", False))
-    special = tuple(t for t in (cfg.get("bos_token_id"), cfg.get("eos_token_id")) if t is not None)
-    ids = draft_vocab(seqs, args.draft_vocab, cfg["vocab_size"], special)
-    torch.manual_seed(args.seed)
-    head = DartHead(head_cfg, embed)
-    init_head(head, ids, lm_head, norm)  # EAGLE-3's start: target LM head rows, fc passes the deepest feature
-    with torch.no_grad():  # masks start as "no information": zero residual -> uniform logits at init
-        head.mask_rep[:, : head.cfg.hidden_size].zero_()
+    head, ids = start_head(DartHead, head_cfg, cfg, (embed, lm_head, norm), seqs, args)
+    if getattr(args, "init_from", None) is None:
+        with torch.no_grad():  # masks start as "no information": zero residual -> uniform logits at init
+            head.mask_rep[:, : head.cfg.hidden_size].zero_()
     teacher = None
     if getattr(args, "dart_teacher", "target") == "target":
         teacher = TargetTail.for_features(target, head_cfg.aux_layer_ids, ids)

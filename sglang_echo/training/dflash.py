@@ -232,11 +232,18 @@ def build(target: Path, seqs, args):
     bs = getattr(args, "block_size", 8)
     head_cfg = DFlashConfig.for_target(cfg, num_hidden_layers=getattr(args, "draft_layers", 2), block_size=bs,
                                        target_layer_ids=target_layer_ids(L), mask_token_id=mask_id, mask_token=mask_tok)
-    head = DFlashHead(head_cfg, embed, lm_head)
-    init_head(head, norm, seed=args.seed)
+    if getattr(args, "init_from", None) is not None:  # go on training a head of this geometry
+        head = DFlashHead.load(args.init_from, embed, lm_head, L)
+        if head.cfg != head_cfg:
+            raise SystemExit(f"--init-from {args.init_from}: {head.cfg} is not the head these flags ask for ({head_cfg})")
+    else:
+        head = DFlashHead(head_cfg, embed, lm_head)
+        init_head(head, norm, seed=args.seed)
     sampler = resumable_sampler(Path(args.out), seed=args.seed, fraction=getattr(args, "anchor_fraction", 0.25))
     gamma = getattr(args, "dflash_gamma", None) or default_gamma(bs)
-    loss_fn = partial(dflash_loss, sampler=sampler, gamma=gamma, lm_head_dtype=torch.bfloat16)
+    # The LM head GEMM is half the step: bf16 where the run is bf16 (AVX2 CPUs do bf16 GEMMs ~7x slower than fp32).
+    lm_head_dtype = torch.bfloat16 if getattr(args, "precision", "bf16") == "bf16" else None
+    loss_fn = partial(dflash_loss, sampler=sampler, gamma=gamma, lm_head_dtype=lm_head_dtype)
     return head, loss_fn, partial(save_checkpoint, head, sampler)
 
 

@@ -49,6 +49,26 @@ def draft_vocab(seqs: list[Sequence], size: int, vocab_size: int, special: tuple
     return torch.tensor(sorted(keep), dtype=torch.long)
 
 
+def start_head(cls: type[Eagle3Head], head_cfg, target_cfg: dict, weights: tuple[Tensor, Tensor, Tensor], seqs: list[Sequence],
+               args) -> tuple[Eagle3Head, Tensor]:
+    """(head, its draft vocabulary ids) to train: ``args.init_from``'s head, which must have this
+    geometry (its draft vocabulary is kept), or a fresh one with :func:`init_head`'s start.
+    ``cls`` is :class:`Eagle3Head` or a subclass (DART's); ``weights`` the target's embedding, LM
+    head and final norm."""
+    embed, lm_head, norm = weights
+    if getattr(args, "init_from", None) is not None:
+        head = cls.load(args.init_from, embed, target_cfg["num_hidden_layers"])
+        if head.cfg != head_cfg:
+            raise SystemExit(f"--init-from {args.init_from}: {head.cfg} is not the head these flags ask for ({head_cfg})")
+        return head, head.t2d.nonzero().flatten()
+    special = tuple(t for t in (target_cfg.get("bos_token_id"), target_cfg.get("eos_token_id")) if t is not None)
+    ids = draft_vocab(seqs, args.draft_vocab, target_cfg["vocab_size"], special)
+    torch.manual_seed(args.seed)
+    head = cls(head_cfg, embed)
+    init_head(head, ids, lm_head, norm)
+    return head, ids
+
+
 def init_head(head: Eagle3Head, ids: Tensor, target_lm_head: Tensor, target_norm: Tensor) -> None:
     """Vocabulary maps, and a start that is already a (misaligned) early exit of the target.
 

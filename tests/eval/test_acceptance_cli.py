@@ -35,6 +35,32 @@ def test_ngram(tmp_path, tiny_llama_dir):
     assert all(r["mismatches"] == 0 and r["generated"] > 0 for r in rows)
     assert data["k_max"] == 16 and data["policies"]["static-tree"] == "static-tree-4x3x8"
     assert all(r["mat"] == 1.0 for r in rows if r["policy"] == "ar")
+    assert "no shipped calibration" in data["calibration"]  # none ships for a tiny random target
+
+
+def test_echo_gates_with_the_calibration_it_is_given(tmp_path, tiny_llama_dir):
+    """``--calibration FILE`` made for this target and drafter sets ECHO's gates and is recorded;
+    ``defaults`` is the paper's gates; a file made for another target is refused."""
+    pytest.importorskip("sglang_echo.drafters.ngram")
+    from sglang_echo.core.calibration_file import CalibrationError, fingerprint
+    from sglang_echo.core.factory import PolicyConfig
+    from sglang_echo.integration.config import drafter_fingerprint
+
+    from ..integration.test_config import write_calibration
+
+    fp = drafter_fingerprint("ngram")
+    mine = write_calibration(tmp_path / "mine.json", model_fp=fingerprint(tiny_llama_dir), drafter_fp=fp,
+                             thresholds=(0.7, 0.4), kind="ngram")
+    calib, source = acceptance.gating_calibration(str(mine), tiny_llama_dir, "ngram", None)
+    gating = acceptance.build_policy("echo", PolicyConfig(), calib).gating
+    assert source == str(mine) and (gating.depths, gating.thresholds) == ((1, 2), (0.7, 0.4))
+    assert acceptance.gating_calibration("defaults", tiny_llama_dir, "ngram", None) == (None, "the paper's default gates")
+
+    args = ("--target", str(tiny_llama_dir), "--drafter", "ngram", "--policies", "echo")
+    assert _run(tmp_path, *args, "--calibration", str(mine))["calibration"] == str(mine)
+    other = write_calibration(tmp_path / "other.json", model_fp="sha256:other", drafter_fp=fp, kind="ngram")
+    with pytest.raises(CalibrationError, match="different model"):
+        acceptance.main([*args, *SMALL, "--calibration", str(other)])
 
 
 def test_eagle3(tmp_path, tiny_llama_dir):

@@ -150,3 +150,16 @@ def test_cli_trains_a_dart_head_with_the_target_as_teacher(tmp_path, smollm2_dir
     head = DartHead.load(out_dir, torch.randn(cfg["vocab_size"], cfg["hidden_size"]))
     assert head.cfg.depth == 3 and int(head.t2d.sum()) == 256
     assert torch.isfinite(F.normalize(head.mask_rep, dim=-1)).all()
+
+    # Go on training that head (its draft vocabulary kept) with CE on the labels; another depth is refused.
+    args = ["--kind", "dart", "--target", str(target), "--data", str(out_dir / "data"), "--prompts", "4", "--max-new", "10",
+            "--gen-backend", "hf", "--epochs", "1", "--draft-vocab", "256", "--batch-tokens", "256",
+            "--dart-teacher", "labels", "--init-from", str(out_dir)]
+    more = tmp_path / "more"
+    main([*args, "--dart-depth", "3", "--out", str(more)])
+    report = json.loads((more / "training_report.json").read_text())
+    assert report["init_from"] == str(out_dir) and len(report["init_eval_top1_per_step"]) == 3
+    again = DartHead.load(more, torch.randn(cfg["vocab_size"], cfg["hidden_size"]))
+    assert torch.equal(again.t2d, head.t2d) and not torch.equal(again.mask_rep, head.mask_rep)
+    with pytest.raises(SystemExit, match="not the head these flags ask for"):
+        main([*args, "--dart-depth", "4", "--out", str(tmp_path / "other")])

@@ -176,3 +176,29 @@ def test_cli_trains_a_dflash_head(tmp_path, smollm2_dir):
     head = DFlashHead.load(out, embed, num_target_layers=8)
     assert head.cfg.captured_layers == (2, 4, 5) and head.cfg.block_size == 4
     assert F.embedding(torch.tensor([0]), head.embed).shape == (1, cfg["hidden_size"])
+
+    # Go on training that head on the same data; other flags' geometry is refused.
+    args = ["--kind", "dflash", "--target", str(target), "--data", str(out / "data"), "--prompts", "6", "--max-new", "12",
+            "--gen-backend", "hf", "--epochs", "1", "--batch-tokens", "256", "--block-size", "4", "--init-from", str(out)]
+    more = tmp_path / "more"
+    main([*args, "--draft-layers", "1", "--out", str(more)])
+    report = json.loads((more / "training_report.json").read_text())
+    assert report["init_from"] == str(out) and len(report["init_eval_top1_per_step"]) == 3
+    again = DFlashHead.load(more, embed, num_target_layers=8)
+    assert again.cfg == head.cfg and not torch.equal(again.fc.weight, head.fc.weight)
+    with pytest.raises(SystemExit, match="not the head these flags ask for"):
+        main([*args, "--draft-layers", "2", "--out", str(tmp_path / "other")])
+
+
+def test_the_lm_head_gemm_runs_in_the_training_precision(tmp_path, smollm2_dir):
+    """bf16 only in a bf16 run: CPUs without bf16 units do bf16 GEMMs several times slower."""
+    from types import SimpleNamespace
+
+    from sglang_echo.models.tiny import write_tiny_llama
+    from sglang_echo.training.dflash import build
+
+    target = write_tiny_llama(tmp_path / "target", smollm2_dir, num_layers=8).path
+    for precision, want in (("fp32", None), ("bf16", torch.bfloat16)):
+        args = SimpleNamespace(seed=0, out=tmp_path / precision, block_size=4, draft_layers=1, precision=precision)
+        _, loss_fn, _ = build(target, [], args)
+        assert loss_fn.keywords["lm_head_dtype"] == want

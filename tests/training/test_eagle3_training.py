@@ -182,7 +182,7 @@ def test_cli_trains_a_head_sglang_can_load(tmp_path, smollm2_dir):
     assert len(report["init_eval_top1_per_step"]) == 2  # the starting head, on the same held-out rows
     again = Eagle3Head.load(more, embed)
     assert torch.equal(again.t2d, head.t2d) and not torch.equal(again.fc.weight, head.fc.weight)
-    with pytest.raises(SystemExit, match="not this target's EAGLE-3 head"):
+    with pytest.raises(SystemExit, match="not the head these flags ask for"):
         main([*args[:-4], "--draft-vocab", "256", "--init-from", str(out), "--out", str(tmp_path / "other")])
 
 
