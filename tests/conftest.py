@@ -24,6 +24,29 @@ REPLAY_PORTS = (32300, 32399)
 ONE_THREAD_SUITES = ("drafters", "training", "eval", "replay")
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``make test`` runs two workers) the workers share the cores: each
+    worker, and every server it starts (they inherit ``OMP_NUM_THREADS``), gets an equal share of
+    compute threads instead of all of them (oversubscribed OpenMP threads spin against each other)."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers > 1:
+        share = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(share)
+        torch.set_num_threads(share)
+
+
+def worker_ports(ports: tuple[int, int]) -> tuple[int, int]:
+    """This xdist worker's share of a suite's port range, so that two workers starting servers
+    at once never pick the same free pair (the whole range without xdist)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker is None or count <= 1:
+        return ports
+    lo, hi = ports
+    width = (hi - lo) // count // 2 * 2  # even: pairs start on even ports
+    i = int(worker.removeprefix("gw"))
+    return lo + i * width, lo + (i + 1) * width
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread(request):
     if request.path.parent.name not in ONE_THREAD_SUITES:
@@ -40,7 +63,7 @@ def launch_test_server(ports: tuple[int, int], log_tag: str, **options) -> SGLan
 
     ``options`` are :class:`ServerOptions` fields; the log goes to ``LOG_DIR``.
     """
-    port = find_free_port_pair(*ports)
+    port = find_free_port_pair(*worker_ports(ports))
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"{log_tag}-{port}-{time.strftime('%H%M%S')}.log"
     srv = SGLangServer(ServerOptions(port=port, **options), log_path=log, startup_timeout=STARTUP_TIMEOUT)

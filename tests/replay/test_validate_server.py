@@ -10,7 +10,7 @@ from sglang_echo.core.factory import PolicyConfig
 from sglang_echo.integration.config import load_config
 from sglang_echo.replay.validate_server import _histogram, _trim, server_env
 
-from ..conftest import REPLAY_PORTS
+from ..conftest import REPLAY_PORTS, worker_ports
 
 CFG = PolicyConfig(k_max=8, max_depth=6, w_def=1, w_max=4, topk=10, total_tokens=40, fixed_tau=0.25)
 # The PolicyConfig fields each policy reads (core/factory.py).
@@ -54,7 +54,7 @@ def test_replay_equals_the_server(tmp_path):
     stem = tmp_path / "trace"
     main(["record", "--target", str(model), "--drafter", "ngram", "--prompts", "chat,humaneval", "--num-prompts", "1",
           "--max-new", "48", "--depth", "6", "--width", "4", "--beams", "1,4", "--batch", "2", "--out", str(stem)])
-    port = find_free_port_pair(*REPLAY_PORTS)
+    port = find_free_port_pair(*worker_ports(REPLAY_PORTS))
     out = tmp_path / "server.json"
     # Exits 1 on any mismatch (after printing it and writing the rows).
     main(["validate-server", "--trace", str(stem), "--num-prompts", "2", "--port", str(port),
