@@ -25,7 +25,7 @@ ONE_THREAD_SUITES = ("drafters", "training", "eval", "replay")
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (``make test`` runs two workers) the workers share the cores: each
+    """Under pytest-xdist (``make test`` runs three) the workers share the cores: each
     worker, and every server it starts (they inherit ``OMP_NUM_THREADS``), gets an equal share of
     compute threads instead of all of them (oversubscribed OpenMP threads spin against each other)."""
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
