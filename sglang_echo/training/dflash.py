@@ -54,6 +54,7 @@ from torch import Tensor
 from sglang_echo.drafters.dflash_head import DEFAULT_MASK_TOKEN, DFlashConfig, DFlashHead
 
 from .batches import Batch
+from .trainer import require_geometry
 
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 ANCHOR_STATE = "dflash_anchors.json"
@@ -233,9 +234,7 @@ def build(target: Path, seqs, args):
     head_cfg = DFlashConfig.for_target(cfg, num_hidden_layers=getattr(args, "draft_layers", 2), block_size=bs,
                                        target_layer_ids=target_layer_ids(L), mask_token_id=mask_id, mask_token=mask_tok)
     if getattr(args, "init_from", None) is not None:  # go on training a head of this geometry
-        head = DFlashHead.load(args.init_from, embed, lm_head, L)
-        if head.cfg != head_cfg:
-            raise SystemExit(f"--init-from {args.init_from}: {head.cfg} is not the head these flags ask for ({head_cfg})")
+        head = require_geometry(DFlashHead.load(args.init_from, embed, lm_head, L), head_cfg, args.init_from)
     else:
         head = DFlashHead(head_cfg, embed, lm_head)
         init_head(head, norm, seed=args.seed)

@@ -33,6 +33,7 @@ from sglang_echo.drafters.eagle3_head import Eagle3Head
 from .batches import Batch
 from .features import Sequence
 from .teacher import TargetTail, kl_to_teacher
+from .trainer import require_geometry
 
 STEP_DECAY = 0.8
 
@@ -57,9 +58,7 @@ def start_head(cls: type[Eagle3Head], head_cfg, target_cfg: dict, weights: tuple
     head and final norm."""
     embed, lm_head, norm = weights
     if getattr(args, "init_from", None) is not None:
-        head = cls.load(args.init_from, embed, target_cfg["num_hidden_layers"])
-        if head.cfg != head_cfg:
-            raise SystemExit(f"--init-from {args.init_from}: {head.cfg} is not the head these flags ask for ({head_cfg})")
+        head = require_geometry(cls.load(args.init_from, embed, target_cfg["num_hidden_layers"]), head_cfg, args.init_from)
         return head, head.t2d.nonzero().flatten()
     special = tuple(t for t in (target_cfg.get("bos_token_id"), target_cfg.get("eos_token_id")) if t is not None)
     ids = draft_vocab(seqs, args.draft_vocab, target_cfg["vocab_size"], special)

@@ -60,6 +60,14 @@ def resolve_precision(precision: str, device: str) -> str:
     return "bf16"
 
 
+def require_geometry(head, want, source: Path):
+    """``head`` (loaded from ``--init-from source``) if its config is ``want``, the head the
+    flags ask for; a clear SystemExit otherwise (one check for every kind)."""
+    if head.cfg != want:
+        raise SystemExit(f"--init-from {source}: {head.cfg} is not the head these flags ask for ({want})")
+    return head
+
+
 def autocast(device: str, precision: str):
     """The forward's precision context: bf16 autocast, or nothing for fp32."""
     if precision not in PRECISIONS:
