@@ -14,7 +14,8 @@ Policy names: ``chainN`` (a chain of depth N), ``static-tree`` (EAGLE-3's 8 step
 60 tokens unless ``--max-depth``/``--topk``/``--total-tokens`` say otherwise), and every name of
 :data:`sglang_echo.core.factory.POLICIES` (``echo`` = ECHO with the default gating, or the
 ``--calibration`` file's; by default the one shipped for the target and drafter). Budgeted
-policies share ``--k-max`` verified tokens per step over the batch (default ``8 * batch``). ``ar`` (plain decoding, the reference) is always the first row.
+policies share ``--k-max`` verified tokens per step over the batch (default ``8 * batch``).
+``ar`` (plain decoding, the reference) is always the first row.
 ``dart-tree`` is DART's static tree (Algorithm 1: beam 20, 25 candidates per position, 59 nodes;
 ``--drafter dart`` only; ``--ngram FILE`` / ``--no-ngram`` choose DART's n-gram pruning).
 """
