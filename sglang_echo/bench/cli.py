@@ -9,6 +9,7 @@ SUBCOMMANDS = {
     "serve": "sglang_echo.bench.serve",
     "acceptance": "sglang_echo.bench.acceptance",
     "figures": "sglang_echo.bench.figures",
+    "graphs": "sglang_echo.bench.graphs",
 }
 
 

@@ -43,9 +43,11 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class _TimedDrafter:
+class TimedDrafter:
+    """Times (and counts) the drafter's calls, so benchmarks can subtract them from a step."""
+
     def __init__(self, inner: SyntheticDrafter, sync):
-        self.inner, self.sync, self.seconds = inner, sync, 0.0
+        self.inner, self.sync, self.seconds, self.calls = inner, sync, 0.0, 0
         self.counter: OpCounter | None = None  # paused while the drafter runs
 
     def propose(self, frontier, k):
@@ -56,6 +58,7 @@ class _TimedDrafter:
         out = self.inner.propose(frontier, k)
         self.sync()
         self.seconds += time.perf_counter() - t0
+        self.calls += 1
         if self.counter is not None:
             self.counter.paused = False
         return out
@@ -66,7 +69,7 @@ class Step:
     """One synthetic batch, ready for :meth:`control_plane`."""
 
     world: SyntheticWorld
-    drafter: _TimedDrafter
+    drafter: TimedDrafter
     roots: torch.Tensor
     prefix: torch.Tensor
     policy: object
@@ -76,7 +79,7 @@ class Step:
         world = SyntheticWorld(batch, vocab=vocab, seed=seed, device=device)
         roots = torch.randint(0, vocab, (batch,), generator=torch.Generator().manual_seed(seed)).to(device)
         prefix = torch.randint(16, 2048, (batch,), generator=torch.Generator().manual_seed(seed + 1)).to(device)
-        return cls(world, _TimedDrafter(SyntheticDrafter(world), sync), roots, prefix, make_policy(name, cfg))
+        return cls(world, TimedDrafter(SyntheticDrafter(world), sync), roots, prefix, make_policy(name, cfg))
 
     def control_plane(self):
         """Gating + scheduling (the drafter's own time is measured apart) + packing."""
@@ -102,19 +105,15 @@ class Timing:
     syncs: int = 0  # host syncs among them
 
     def row(self) -> str:
-        c, v = sorted(self.control_ms), sorted(self.verify_ms)
-        p99 = lambda xs: xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]  # noqa: E731
-        return (
-            f"{self.policy:<34} {statistics.median(c):8.2f} {p99(c):8.2f} "
-            f"{statistics.median(v):8.2f} {p99(v):8.2f} {self.verified_tokens:10.0f} {self.ops:6d} {self.syncs:6d}"
-        )
+        (cm, cp), (vm, vp) = median_p99(self.control_ms), median_p99(self.verify_ms)
+        return f"{self.policy:<34} {cm:8.2f} {cp:8.2f} {vm:8.2f} {vp:8.2f} {self.verified_tokens:10.0f} {self.ops:6d} {self.syncs:6d}"
 
 
 def time_policy(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int, vocab: int,
                 device: torch.device = torch.device("cpu")) -> Timing:
     # On a GPU every section ends with a synchronize: host syncs inside the policy (per-depth
     # budget reads) are part of its cost, queued kernels must not leak into the next section.
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)  # noqa: E731
+    sync = device_sync(device)
     control, verify, verified = [], [], []
     for seed in range(warmup + steps):
         step = Step.make(name, cfg, batch, vocab, seed, device, sync)
@@ -137,6 +136,34 @@ def time_policy(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: in
     return Timing(step.policy.name, control, verify, statistics.mean(verified), ops, syncs)
 
 
+def bench_cases(batch: int) -> list[tuple[str, PolicyConfig]]:
+    """The policies and shapes every control-plane table reports (ECHO at K_max = 4B and 8B)."""
+    return [
+        ("echo", PolicyConfig(k_max=4 * batch, max_depth=8, w_def=1, w_max=4)),
+        ("echo", PolicyConfig(k_max=8 * batch, max_depth=8, w_def=2, w_max=8)),
+        ("dense-gating", PolicyConfig(k_max=4 * batch, max_depth=8, w_def=1, w_max=4)),
+        ("budgeted-chain", PolicyConfig(k_max=4 * batch, max_depth=8)),
+        ("static-tree", PolicyConfig(max_depth=3, topk=3, total_tokens=5)),
+        ("static-tree", PolicyConfig(max_depth=8, topk=10, total_tokens=60)),
+    ]
+
+
+def case_label(name: str, cfg: PolicyConfig) -> str:
+    if name in ("echo", "dense-gating", "budgeted-chain"):
+        return f"{name} K_max={cfg.k_max} W={cfg.w_def}/{cfg.w_max}"
+    return make_policy(name, cfg).name
+
+
+def device_sync(device: torch.device):
+    """A function that waits for ``device`` (a no-op on the CPU)."""
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def median_p99(xs: list[float]) -> tuple[float, float]:
+    xs = sorted(xs)
+    return statistics.median(xs), xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="echo-bench scheduler", description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=256)
@@ -152,21 +179,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     B = args.batch
-    cases = [
-        ("echo", PolicyConfig(k_max=4 * B, max_depth=8, w_def=1, w_max=4)),
-        ("echo", PolicyConfig(k_max=8 * B, max_depth=8, w_def=2, w_max=8)),
-        ("dense-gating", PolicyConfig(k_max=4 * B, max_depth=8, w_def=1, w_max=4)),
-        ("budgeted-chain", PolicyConfig(k_max=4 * B, max_depth=8)),
-        ("static-tree", PolicyConfig(max_depth=3, topk=3, total_tokens=5)),
-        ("static-tree", PolicyConfig(max_depth=8, topk=10, total_tokens=60)),
-    ]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, torch threads {torch.get_num_threads()}"
     print(f"control plane per step, batch {B}, {args.steps} steps, {where}")
     print(f"{'policy (K_max / shape)':<34} {'ctl med':>8} {'ctl p99':>8} {'ver med':>8} {'ver p99':>8} {'verified':>10} {'ops':>6} {'syncs':>6}")
-    for name, cfg in cases:
+    for name, cfg in bench_cases(B):
         t = time_policy(name, cfg, B, args.steps, args.warmup, args.vocab, device)
-        if name in ("echo", "dense-gating", "budgeted-chain"):
-            t.policy = f"{t.policy} K_max={cfg.k_max} W={cfg.w_def}/{cfg.w_max}"
+        t.policy = case_label(name, cfg)
         print(t.row(), flush=True)
     print("ctl = gating + scheduling + packing (drafter excluded); ver = greedy tree verification; ms;")
     print("ops / syncs = tensor ops (views excluded) / host syncs of one step's control plane (GPU launches / stalls)")
+

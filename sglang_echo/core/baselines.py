@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .policy import BuildState, TreePolicy, ranked, take_top
-from .tree import Candidates, DraftTrees
+from .tree import Candidates
 
 
 class Autoregressive(TreePolicy):
@@ -66,7 +66,7 @@ class StaticTree(_BeamPolicy):
         self.max_depth, self.beam, self.children_per_node = depth, topk, topk
         self.total_tokens = total_tokens
 
-    def finish(self, state: BuildState) -> DraftTrees:
+    def select(self, state: BuildState) -> None:
         pool = state.pool
         drafts = pool.valid.clone()
         drafts[:, 0] = False
@@ -76,7 +76,6 @@ class StaticTree(_BeamPolicy):
         slots = torch.arange(pool.size, device=order.device).expand_as(order)
         kept, _ = take_top(slots, order, n_valid.clamp(max=self.total_tokens - 1), self.total_tokens - 1)
         pool.mark(kept, kept >= 0)
-        return pool.compact()
 
 
 class BeamTree(_BeamPolicy):
@@ -104,17 +103,16 @@ class BudgetedChain(_BeamPolicy):
         state.active &= state.budget > 0
         return state
 
-    def finish(self, state: BuildState) -> DraftTrees:
+    def select(self, state: BuildState) -> None:
         pool = state.pool
         drafts = pool.valid.clone()
         drafts[:, 0] = False
         flat = torch.where(drafts, pool.score, torch.full_like(pool.score, float("-inf"))).flatten()
-        n = min(state.budget, int(drafts.sum()))
+        n = drafts.sum().clamp(max=state.budget)  # a device scalar: no host sync
         # Batch-wide top-(K_max - B) by survival probability; chains are prefix-closed because
         # S decreases along a chain and the stable sort prefers the parent's earlier slot on ties.
-        top = torch.sort(flat, descending=True, stable=True).indices[:n]
-        keep = torch.zeros_like(flat, dtype=torch.bool)
-        keep[top] = True
+        order = torch.sort(flat, descending=True, stable=True).indices
+        top = torch.arange(flat.numel(), device=flat.device) < n
+        keep = torch.zeros_like(flat, dtype=torch.bool).scatter_(0, order, top)
         pool.keep |= keep.view_as(pool.keep)
-        state.budget -= n
-        return pool.compact()
+        state.budget = state.budget - n

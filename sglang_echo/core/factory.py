@@ -52,3 +52,18 @@ def make_policy(
     if name == "budgeted-chain":
         return BudgetedChain(config.k_max, config.max_depth)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+
+
+def max_tree_size(name: str, config: PolicyConfig = PolicyConfig()) -> int:
+    """The most nodes one request's tree can hold under policy ``name``, root included: a padded
+    width that never cuts a tree (:func:`~sglang_echo.core.pack.pad_pool`)."""
+    d = config.max_depth
+    sizes = {
+        "ar": 1,
+        "chain": d + 1,
+        "budgeted-chain": d + 1,
+        "static-tree": config.total_tokens,
+        "beam-tree": 1 + d * config.topk,
+    }
+    # ECHO and its ablations: W_def per depth, then up to W_max more at the truncation depth (Alg. 1).
+    return sizes.get(name, min(config.k_max, 1 + d * config.w_def + config.w_max))

@@ -13,6 +13,8 @@ to the request's cached prefix plus its own ancestors in the tree. :func:`pack` 
 
 Everything is built with batched tensor ops and at most two host syncs (the widest tree, and the
 size of the ragged ``tree_mask``); the only Python loop runs ``ceil(log2 W)`` times.
+:func:`pad_pool` builds the padded view at a fixed width from the node pool, before compaction,
+with none (what a CUDA graph can capture, :mod:`sglang_echo.core.graphs`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .tree import DraftTrees
+from .tree import DraftTrees, NodePool
 
 
 @dataclass
@@ -78,6 +80,35 @@ def pad_trees(trees: DraftTrees, prefix_lens: Tensor, width: Optional[int] = Non
         parents=parents,
         depth=depth,
         positions=torch.where(valid, prefix_lens.reshape(B, 1) + depth, torch.zeros_like(depth)),
+        mask=ancestor_mask(parents, valid),
+        valid=valid,
+    )
+
+
+def pad_pool(pool: NodePool, prefix_lens: Tensor, width: int) -> PaddedTrees:
+    """:func:`pad_trees` of ``pool.compact()``, laid out straight from the pool: no host sync.
+
+    The kept slots of a request take tree slots in pool order, which is the compacted order (the
+    pool grows depth by depth, so parents precede children). A tree of more than ``width`` nodes
+    keeps its first ``width``, which is still ancestor-closed for the same reason; the policies
+    size ``width`` so that this never happens.
+    """
+    B, P, W, dev = pool.batch_size, pool.size, width, pool.tokens.device
+    keep = pool.keep & pool.valid
+    local = keep.long().cumsum(1) - 1  # tree slot of every kept pool slot
+    col = torch.where(keep & (local < W), local, W)  # everything else lands in a spare column
+    slot = torch.full((B, W + 1), -1, dtype=torch.int64, device=dev)
+    slot = slot.scatter_(1, col, torch.arange(P, device=dev).expand(B, P))[:, :W]
+    valid, safe = slot >= 0, slot.clamp(min=0)
+    pick = lambda t, fill: torch.where(valid, t.gather(1, safe), fill)  # noqa: E731
+    parent_slot = pool.parent.gather(1, safe)
+    parents = torch.where(valid & (parent_slot >= 0), local.gather(1, parent_slot.clamp(min=0)), -1)
+    depth = pick(pool.depth, 0)
+    return PaddedTrees(
+        tokens=pick(pool.tokens, 0),
+        parents=parents,
+        depth=depth,
+        positions=torch.where(valid, prefix_lens.reshape(B, 1) + depth, 0),
         mask=ancestor_mask(parents, valid),
         valid=valid,
     )

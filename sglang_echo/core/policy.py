@@ -7,7 +7,8 @@ way)::
     while not state.done:
         cands = drafter.propose(state.frontier(), policy.children_per_node)
         policy.advance(state, cands)             # gates, budget, which nodes enter the trees
-    trees = policy.finish(state)                 # e.g. ECHO's width expansion, EAGLE's re-rank
+    trees = policy.finish(state)                 # select() (e.g. ECHO's width expansion,
+                                                 # EAGLE's re-rank), then compaction
 
 Contract:
 
@@ -18,6 +19,9 @@ Contract:
   the next frontier (which candidates the drafter expands next; ``Frontier.source`` names them by
   their column in the candidates, so a drafter can keep its hidden states per candidate) and
   deactivates requests that stop drafting.
+* ``policy.select`` makes the last choices once no depth is left (marks more pool slots);
+  ``finish`` is ``select`` plus compaction, so a caller that lays the pool out itself (the CUDA
+  graph builder, :mod:`sglang_echo.core.graphs`) calls ``select`` alone.
 * A policy never keeps more than its budget allows: for budgeted policies the verified tokens of
   the step, roots included, stay within ``max(k_max, batch_size)`` (Eq. 4; when the batch alone
   exceeds the cap every request verifies only its root, i.e. plain decoding).
@@ -114,7 +118,11 @@ class TreePolicy(ABC):
     @abstractmethod
     def advance(self, state: BuildState, cands: Candidates) -> None: ...
 
+    def select(self, state: BuildState) -> None:
+        """Final choices after the last depth (mark more slots); nothing by default."""
+
     def finish(self, state: BuildState) -> DraftTrees:
+        self.select(state)
         return state.pool.compact()
 
 

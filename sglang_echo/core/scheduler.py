@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .gating import GatingConfig, layer_confidence
 from .policy import BuildState, TreePolicy, grant_in_priority, ranked, take_top
-from .tree import Candidates, DraftTrees
+from .tree import Candidates
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class ElasticPolicy(TreePolicy):
         B, dev = roots.numel(), roots.device
         # The budget stays on the device: the step's only host syncs are the loop's "any request
         # still active?" per depth and the final compaction (GPU launch queues never drain here).
-        state.budget = torch.tensor(max(self.config.k_max - B, 0), device=dev)
+        state.budget = torch.full((), max(self.config.k_max - B, 0), dtype=torch.int64, device=dev)
         state.active &= state.budget > 0
         state.extra.update(
             trunc_slots=torch.full((B, self.config.w_max), -1, dtype=torch.int64, device=dev),
@@ -109,7 +109,7 @@ class ElasticPolicy(TreePolicy):
         state.active = passed & (grant > 0) & (state.budget > 0)
         state.depth = d
 
-    def finish(self, state: BuildState) -> DraftTrees:
+    def select(self, state: BuildState) -> None:
         # Priority 2 runs only here, after no request can deepen any more (unconditionally: with
         # no budget left or nothing truncated every grant is 0, and no host sync is needed).
         ex, w_max = state.extra, self.config.w_max
@@ -120,4 +120,3 @@ class ElasticPolicy(TreePolicy):
         cols = torch.arange(w_max, device=grant.device)[None, :]
         state.pool.mark(ex["trunc_slots"], cols < grant[:, None])
         ex["widened"] = grant
-        return state.pool.compact()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sglang_echo.core.pack import child_links, pad_trees
+from sglang_echo.core.pack import PaddedTrees, child_links, pad_trees
 from sglang_echo.core.tree import DraftTrees
 from sglang_echo.kernels.tree_attention.metadata import full_mask_cells
 
@@ -46,14 +46,19 @@ def step_width(sizes: Tensor, width: int, per_step: bool) -> int:
 
 def to_sglang_dense(trees: DraftTrees, seq_lens: Tensor, width: int, full_mask: bool = False) -> DenseVerifyTensors:
     """Pack ``trees`` into sglang's dense verify layout of width ``width`` (see module doc)."""
-    B, W = trees.batch_size, width
-    dev = trees.tokens.device
-    seq_lens = seq_lens.to(dev).long()
-    sizes = trees.sizes
-    padded = pad_trees(trees, seq_lens, W)  # refuses a tree wider than W
+    seq_lens = seq_lens.to(trees.tokens.device).long()
+    return dense_from_padded(pad_trees(trees, seq_lens, width), seq_lens, full_mask)  # refuses a tree wider than W
+
+
+def dense_from_padded(padded: PaddedTrees, seq_lens: Tensor, full_mask: bool = False) -> DenseVerifyTensors:
+    """sglang's dense layout of trees already padded to ``W`` (:func:`pad_trees`, or
+    :func:`~sglang_echo.core.pack.pad_pool` before compaction). Sync-free unless ``full_mask``."""
     valid = padded.valid
-    roots = trees.tokens[trees.indptr[:-1]]
-    tokens = torch.where(valid, padded.tokens, roots[:, None].expand(B, W))
+    B, W = valid.shape
+    dev = valid.device
+    seq_lens = seq_lens.long()
+    roots = padded.tokens[:, :1].expand(B, W)  # slot 0 is every request's root
+    tokens = torch.where(valid, padded.tokens, roots)
     positions = torch.where(valid, padded.positions, seq_lens[:, None].expand(B, W))
     eye = torch.eye(W, dtype=torch.bool, device=dev)[None]
     mask = padded.mask | (eye & ~valid[:, :, None])  # padding rows: diagonal only
@@ -69,7 +74,7 @@ def to_sglang_dense(trees: DraftTrees, seq_lens: Tensor, width: int, full_mask: 
         retrieve_next_sibling=next_sibling,
         tree_mask=mask,
         valid=valid,
-        sizes=sizes.to(torch.int32),
+        sizes=valid.sum(1).to(torch.int32),
     )
 
 

@@ -160,6 +160,8 @@ def cmd_run(args, argv) -> None:
 
     trace = Trace.load(args.trace)
     costs = [CostModel.load(p) for p in args.cost]
+    for c in costs:
+        c.control_s = args.control_ms / 1e3
     drafter = RecordedDrafter(trace)
     eos = None if args.ignore_eos else trace.meta.eos_id
     batches = _ints(args.batch_sizes)
@@ -299,6 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     u.add_argument("--batch-sizes", default="1,8,32,64,128,256")
     u.add_argument("--min-tokens", type=int, default=None, help="committed tokens per run (default: one pass of the trace)")
     u.add_argument("--min-steps", type=int, default=32)
+    u.add_argument("--control-ms", type=float, default=0.0,
+                   help="the policy's control plane per drafting step, ms (echo-bench scheduler / graphs); default unpriced")
     _policy_args(u)
     u.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     u.set_defaults(func=cmd_run)

@@ -15,7 +15,8 @@ whatever shape the hardware has: nearly flat then linear on a GPU (Eq. 2's
 (``B * F``, the padded frontier, as the EAGLE-3 drafter runs it; depth 1 reuses the catch-up's
 logits), plus the catch-up of the committed tokens. Drafters without a measured draft curve
 (e.g. the n-gram one, host-side lookups) are priced at zero and the output says so. The policy's
-own control plane is not priced (``echo-bench scheduler`` measures it).
+own control plane (gates, scheduling, packing) is a constant ``control_s`` per step that drafts,
+0 unless given (``echo-replay run --control-ms``, from ``echo-bench scheduler`` or ``graphs``).
 
 Curves are piecewise linear in ``x`` (tokens or rows) for every measured batch size, made
 non-decreasing in ``x`` (a running maximum: a cheaper larger point is timing noise), extended
@@ -87,6 +88,7 @@ class CostModel:
     draft_forward: Optional[Curve] = None  # x = rows (B * F)
     draft_catch_up: Optional[Curve] = None  # x = rows (B * tokens per request)
     meta: dict[str, Any] = field(default_factory=dict)
+    control_s: float = 0.0  # the control plane per step that drafts (not in the cost file: it depends on the code)
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModel":
@@ -121,7 +123,8 @@ class CostModel:
         B = res.batch_size
         draft = sum(self.step_draft_s(drafter, c, cu) for c, cu in zip(res.draft_calls, res.catch_up))
         verify = sum(self.verify(B, k) for k in res.verified_total)
-        total = draft + verify
+        control = self.control_s * sum(1 for calls in res.draft_calls if calls)  # steps that drafted at all
+        total = draft + verify + control
         tps = sum(res.committed) / total if total > 0 else 0.0
         ar = B / self.verify(B, B)
         steps = max(res.steps, 1)
@@ -129,6 +132,7 @@ class CostModel:
             "cost": self.label,
             "draft_ms_per_step": 1e3 * draft / steps,
             "verify_ms_per_step": 1e3 * verify / steps,
+            "control_ms_per_step": 1e3 * control / steps,
             "tokens_per_s": tps,
             "ar_tokens_per_s": ar,
             "speedup": tps / ar if ar > 0 else 0.0,

@@ -20,6 +20,7 @@ COLUMNS = (
     ("ranked_fraction", "ranked frac", "{:.3f}"),
     ("draft_ms_per_step", "draft ms", "{:.1f}"),
     ("verify_ms_per_step", "verify ms", "{:.1f}"),
+    ("control_ms_per_step", "control ms", "{:.1f}"),
     ("tokens_per_s", "tok/s", "{:.1f}"),
     ("ar_tokens_per_s", "AR tok/s", "{:.1f}"),
     ("speedup", "speedup", "{:.2f}"),

@@ -21,8 +21,8 @@ def test_core_control_plane_syncs_once_per_depth(policy):
     step = Step.make(policy, CFG, batch=16, vocab=1000, seed=0, device=torch.device("cpu"), sync=lambda: None)
     ops, syncs = count_control_ops(step)
     assert ops > 0
-    # +1: the loop checks once more after the last depth; budgeted chains read their draft count.
-    assert syncs <= CFG.max_depth + 1 + FIXED_SYNCS + (policy == "budgeted-chain"), (ops, syncs)
+    # +1: the loop checks once more after the last depth.
+    assert syncs <= CFG.max_depth + 1 + FIXED_SYNCS, (ops, syncs)
 
 
 def test_server_path_syncs():

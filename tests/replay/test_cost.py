@@ -48,6 +48,14 @@ def test_throughput_model_by_hand(tmp_path):
     # Another drafter (or a file without a draft curve) is priced at zero draft time, and says so.
     assert not m.throughput(res, "ngram")["draft_priced"] and m.throughput(res, "ngram")["draft_ms_per_step"] == 0
     assert _cost_file(tmp_path, draft=False).throughput(res, "eagle3")["draft_ms_per_step"] == 0
+    # The control plane: charged on every step that drafted (even only from the roots), never on
+    # a step that did not (plain decoding).
+    m.control_s = 0.05
+    t = m.throughput(res, "eagle3")
+    assert t["control_ms_per_step"] == pytest.approx(1e3 * 0.05)
+    assert t["tokens_per_s"] == pytest.approx(7 / (verify + draft + 2 * 0.05))
+    res.draft_calls[1] = []
+    assert m.throughput(res, "eagle3")["control_ms_per_step"] == pytest.approx(1e3 * 0.05 / 2)
 
 
 def test_measure_cost_on_the_tiny_model(tmp_path, tiny_llama_dir):
