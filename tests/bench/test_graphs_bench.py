@@ -1,0 +1,23 @@
+"""`echo-bench graphs` end to end on the CPU (the graph stages run eagerly there): every policy's
+row is printed and every step's layout equals the eager one."""
+
+from __future__ import annotations
+
+import re
+
+from sglang_echo.bench.graphs import main
+from sglang_echo.bench.scheduler import bench_cases
+
+
+def test_graphs_bench_runs_every_policy_without_differences(capsys):
+    main(["--batch", "4", "--steps", "2", "--warmup", "1", "--vocab", "500", "--device", "cpu"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if re.search(r"\d+/3$", line)]
+    assert len(rows) == len(bench_cases(4)), out
+    assert all(line.endswith(" 0/3") for line in rows), out  # steps whose layouts differ from eager
+
+
+def test_policies_filter(capsys):
+    main(["--batch", "4", "--steps", "1", "--warmup", "0", "--vocab", "500", "--device", "cpu", "--policies", "static-tree"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("static-tree-") or line.startswith("echo")]
+    assert [r.split()[0] for r in rows] == ["static-tree-3x3x5", "static-tree-8x10x60"]
