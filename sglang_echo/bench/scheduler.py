@@ -4,7 +4,8 @@ Times gating + scheduling + packing (and, separately, verification bookkeeping) 
 excluding the drafter: the synthetic drafter's own time is measured around each ``propose`` call
 and subtracted, so the figure is what the policy adds to a real step.
 
-It also counts, in one more step, the control plane's tensor ops (views excluded) and host syncs
+It also counts, in one more step, the control plane's tensor ops (those that launch a GPU kernel:
+no views, no wrapped Python scalars) and host syncs
 (``_local_scalar_dense`` and ``nonzero``: ``int(t)``, ``bool(t)``, boolean-mask indexing). On a
 GPU each op is a kernel launch and each sync drains the launch queue, so these two counts predict
 the control plane's GPU cost on any machine.
@@ -29,7 +30,9 @@ SYNC_OPS = (_aten._local_scalar_dense, _aten.nonzero)  # a device -> host read e
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the tensor ops (views excluded: they launch nothing) and host syncs run under it."""
+    """Counts the tensor ops and host syncs run under it. Ops that launch nothing on a GPU are
+    left out: views, and the 0-dim CPU tensors that wrap Python scalars (``torch.where(m, x, 0)``:
+    the kernel reads the scalar as an argument)."""
 
     def __init__(self):
         super().__init__()
@@ -38,7 +41,8 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.paused:
-            self.ops += not func.is_view
+            wrapped_scalar = func is _aten.scalar_tensor.default and (kwargs or {}).get("device", "cpu") in ("cpu", torch.device("cpu"))
+            self.ops += not (func.is_view or wrapped_scalar)
             self.syncs += func.overloadpacket in SYNC_OPS
         return func(*args, **(kwargs or {}))
 
@@ -101,7 +105,7 @@ class Timing:
     control_ms: list[float]
     verify_ms: list[float]
     verified_tokens: float
-    ops: int = 0  # tensor ops (views excluded) of one step's control plane
+    ops: int = 0  # tensor ops of one step's control plane that launch a kernel on a GPU (OpCounter)
     syncs: int = 0  # host syncs among them
 
     def row(self) -> str:
@@ -187,5 +191,5 @@ def main(argv: list[str] | None = None) -> None:
         t.policy = case_label(name, cfg)
         print(t.row(), flush=True)
     print("ctl = gating + scheduling + packing (drafter excluded); ver = greedy tree verification; ms;")
-    print("ops / syncs = tensor ops (views excluded) / host syncs of one step's control plane (GPU launches / stalls)")
+    print("ops / syncs = tensor ops (no views or wrapped scalars) / host syncs of one step's control plane (GPU launches / stalls)")
 

@@ -39,8 +39,8 @@ class _BeamPolicy(TreePolicy):
         pool = state.pool
         d = state.depth + 1
         slots = pool.append(cands, state.frontier_slots, d)
-        valid = pool.valid.gather(1, slots) & state.active[:, None]
-        order, n_valid = ranked(pool.score.gather(1, slots), valid)
+        valid = pool.newest(pool.valid, slots) & state.active[:, None]
+        order, n_valid = ranked(pool.newest(pool.score, slots), valid)
         frontier, cols = take_top(slots, order, n_valid.clamp(max=self.beam), self.beam)
         if self.keep_all:
             pool.mark(slots, valid)
@@ -107,7 +107,7 @@ class BudgetedChain(_BeamPolicy):
         pool = state.pool
         drafts = pool.valid.clone()
         drafts[:, 0] = False
-        flat = torch.where(drafts, pool.score, torch.full_like(pool.score, float("-inf"))).flatten()
+        flat = torch.where(drafts, pool.score, float("-inf")).flatten()
         n = drafts.sum().clamp(max=state.budget)  # a device scalar: no host sync
         # Batch-wide top-(K_max - B) by survival probability; chains are prefix-closed because
         # S decreases along a chain and the stable sort prefers the parent's earlier slot on ties.

@@ -111,5 +111,5 @@ def layer_confidence(path_score: Tensor, valid: Tensor) -> Tensor:
 
     A request with no valid candidate has confidence 0 and therefore never passes a gate.
     """
-    best = torch.where(valid, path_score, torch.full_like(path_score, float("-inf"))).amax(dim=1)
+    best = torch.where(valid, path_score, float("-inf")).amax(dim=1)
     return best.exp()

@@ -79,7 +79,7 @@ def pad_trees(trees: DraftTrees, prefix_lens: Tensor, width: Optional[int] = Non
         tokens=scatter(trees.tokens, 0),
         parents=parents,
         depth=depth,
-        positions=torch.where(valid, prefix_lens.reshape(B, 1) + depth, torch.zeros_like(depth)),
+        positions=torch.where(valid, prefix_lens.reshape(B, 1) + depth, 0),
         mask=ancestor_mask(parents, valid),
         valid=valid,
     )
@@ -151,7 +151,7 @@ def child_links(parents: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     is_child = valid & (parents >= 0)
     # Sort children by (request, parent, slot): consecutive entries of one group are siblings.
     key = (torch.arange(B, device=dev)[:, None] * (W + 1) + parents + 1) * W + slot
-    key = torch.where(is_child, key, torch.full_like(key, torch.iinfo(torch.int64).max))
+    key = torch.where(is_child, key, torch.iinfo(torch.int64).max)
     order = key.flatten().argsort()
     b, s = order // W, order % W
     child = is_child.flatten()[order]

@@ -146,7 +146,7 @@ def build_trees(policy: TreePolicy, drafter: TreeDrafter, roots: Tensor,
 
 def ranked(score: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     """Candidate columns per request by descending path score (stable), and valid counts."""
-    masked = torch.where(valid, score, torch.full_like(score, float("-inf")))
+    masked = torch.where(valid, score, float("-inf"))
     order = torch.sort(masked, dim=1, descending=True, stable=True).indices
     return order, valid.sum(1)
 
@@ -157,8 +157,7 @@ def take_top(slots: Tensor, order: Tensor, n: Tensor, width: int) -> tuple[Tenso
         order = torch.nn.functional.pad(order, (0, width - order.shape[1]))
     cols = order[:, :width]
     mask = torch.arange(width, device=slots.device)[None, :] < n.clamp(max=order.shape[1])[:, None]
-    chosen = torch.where(mask, slots.gather(1, cols), torch.full_like(cols, -1))
-    return chosen, torch.where(mask, cols, torch.full_like(cols, -1))
+    return torch.where(mask, slots.gather(1, cols), -1), torch.where(mask, cols, -1)
 
 
 def grant_in_priority(want: Tensor, priority: Tensor, budget: int | Tensor) -> Tensor:

@@ -76,8 +76,8 @@ class ElasticPolicy(TreePolicy):
         cfg, pool = self.config, state.pool
         d = state.depth + 1
         slots = pool.append(cands, state.frontier_slots, d)
-        valid = pool.valid.gather(1, slots) & state.active[:, None]
-        score = pool.score.gather(1, slots)
+        valid = pool.newest(pool.valid, slots) & state.active[:, None]
+        score = pool.newest(pool.score, slots)
         conf = layer_confidence(score, valid)  # Eq. 6
         order, n_valid = ranked(score, valid)
         has_cands = state.active & (n_valid > 0)
@@ -90,8 +90,8 @@ class ElasticPolicy(TreePolicy):
             state.gate_passed[d] += passed.sum()
 
         # Priority 1: depth for passing requests, most confident first, within the budget.
-        want = torch.where(passed, n_valid.clamp(max=cfg.w_def), torch.zeros_like(n_valid))
-        grant = grant_in_priority(want, torch.where(passed, conf, torch.full_like(conf, -1.0)), state.budget)
+        want = torch.where(passed, n_valid.clamp(max=cfg.w_def), 0)
+        grant = grant_in_priority(want, torch.where(passed, conf, -1.0), state.budget)
         state.budget = state.budget - grant.sum()
         kept, kept_cols = take_top(slots, order, grant, cfg.w_def)
         pool.mark(kept, kept >= 0)
@@ -114,7 +114,7 @@ class ElasticPolicy(TreePolicy):
         # no budget left or nothing truncated every grant is 0, and no host sync is needed).
         ex, w_max = state.extra, self.config.w_max
         avail = (ex["trunc_slots"] >= 0).sum(1)
-        want = torch.where(ex["truncated"], avail.clamp(max=w_max), torch.zeros_like(avail))
+        want = torch.where(ex["truncated"], avail.clamp(max=w_max), 0)
         grant = grant_in_priority(want, torch.where(ex["truncated"], ex["trunc_conf"], -1.0), state.budget)
         state.budget = state.budget - grant.sum()
         cols = torch.arange(w_max, device=grant.device)[None, :]

@@ -137,9 +137,9 @@ class NodePool:
         B, C = cands.tokens.shape
         parent_slot = frontier.gather(1, cands.parent.clamp(min=0))
         valid = cands.valid & (parent_slot >= 0)
-        parent_slot = torch.where(valid, parent_slot, torch.zeros_like(parent_slot))
+        parent_slot = torch.where(valid, parent_slot, 0)
         score = self.score.gather(1, parent_slot) + cands.logprob
-        score = torch.where(valid, score, torch.full_like(score, float("-inf")))
+        score = torch.where(valid, score, float("-inf"))
         proposal = cands.proposal if cands.proposal is not None else torch.full_like(cands.tokens, DETERMINISTIC)
         if cands.proposal_dists is not None:
             proposal = torch.where(proposal >= 0, proposal + self._num_dists, proposal)
@@ -157,6 +157,11 @@ class NodePool:
         self.valid = torch.cat([self.valid, valid], 1)
         self.keep = torch.cat([self.keep, torch.zeros_like(valid)], 1)
         return torch.arange(start, start + C, device=self.tokens.device).expand(B, C)
+
+    def newest(self, values: Tensor, slots: Tensor) -> Tensor:
+        """``values`` (a pool field) at the slots :meth:`append` just returned: its last columns,
+        a view (``values.gather(1, slots)`` would be a kernel)."""
+        return values[:, values.shape[1] - slots.shape[1]:]
 
     def mark(self, slots: Tensor, mask: Tensor) -> None:
         """Keep ``slots[b, k]`` wherever ``mask[b, k]`` (slots < 0 are ignored)."""
