@@ -16,9 +16,10 @@ fi
 timeout 240 python3 -m pytest -q -p no:cacheprovider --noconftest tests/core/test_graphs.py tests/core/test_cuda.py \
   2>&1 | tee "$OUT/pytest-graphs.log" | tail -3
 for B in 8 64 256; do
-  timeout 120 python3 -m sglang_echo.bench.cli graphs --batch $B --device "$DEV" 2>&1 | tee -a "$OUT/graphs.log"
+  timeout 120 python3 -m sglang_echo.bench.cli graphs --batch $B --device "$DEV" --out "$OUT/graphs-b$B" \
+    2>&1 | grep -v '^\[W' | tee -a "$OUT/graphs.log"
 done
 for B in 64 256; do  # Inductor compiles every stage (seconds each): ECHO only
   timeout 200 python3 -m sglang_echo.bench.cli graphs --batch $B --device "$DEV" --compile --policies echo \
-    2>&1 | tee -a "$OUT/graphs-fused.log"
+    --out "$OUT/graphs-fused-b$B" 2>&1 | grep -v '^\[W' | tee -a "$OUT/graphs-fused.log"
 done

@@ -17,7 +17,11 @@ run of the same stages).
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -26,6 +30,7 @@ from ..core.factory import max_tree_size
 from ..core.graphs import GraphedTreeBuilder
 from ..core.synthetic import SyntheticDrafter, SyntheticWorld
 from ..integration.padded import DenseVerifyTensors, dense_from_padded, to_sglang_dense
+from .machine import describe
 from .scheduler import TimedDrafter, bench_cases, case_label, device_sync, median_p99
 
 
@@ -85,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--compile", action="store_true", help="also fuse each stage with Inductor before capture (slow to build)")
     ap.add_argument("--policies", default="", help="comma-separated policy names to keep (default: all)")
+    ap.add_argument("--out", type=Path, default=None, help="also write OUT.json (rows, machine, command)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     keep = set(filter(None, args.policies.split(",")))
@@ -94,8 +100,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"server-path control plane per step (drafter excluded), batch {args.batch}, {args.steps} steps, {where}")
     print(f"{'policy (K_max / shape)':<34}" + "".join(f"{m[:10]:>12}{'p99':>7}" for m in modes)
           + f"{'speedup':>9}{'drafts':>20}{'first s':>20}{'differ':>8}")
+    results = []
     for name, cfg in cases:
         r = time_modes(name, cfg, args.batch, args.steps, args.warmup, args.vocab, device, args.compile)
+        results.append({"policy": name, "label": case_label(name, cfg), "config": vars(cfg), "batch": args.batch, **r})
         best = min(r["ms"][m][0] for m in modes[1:])
         print(f"{case_label(name, cfg):<34}" + "".join(f"{r['ms'][m][0]:12.3f}{r['ms'][m][1]:7.2f}" for m in modes)
               + f"{r['ms']['eager'][0] / best:8.1f}x" + "/".join(f"{r['drafts'][m]:.1f}" for m in modes).rjust(20)
@@ -103,3 +111,10 @@ def main(argv: list[str] | None = None) -> None:
     print("ms per step: median and p99; speedup = eager / the fastest graphed median; drafts = draft calls per step")
     print("per mode; first s = the first step's seconds (capture, and compilation for fused); differ = steps whose")
     print("layouts differ from eager in any mode")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        command = "echo-bench graphs " + shlex.join(sys.argv[1:] if argv is None else argv)
+        meta = {"command": command, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": where, "machine": describe()}
+        path = args.out.with_suffix(".json")
+        path.write_text(json.dumps({**meta, "rows": results}, indent=2) + "\n")
+        print(f"wrote {path}")

@@ -3,6 +3,7 @@ row is printed and every step's layout equals the eager one."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from sglang_echo.bench.graphs import main
@@ -17,7 +18,12 @@ def test_graphs_bench_runs_every_policy_without_differences(capsys):
     assert all(line.endswith(" 0/3") for line in rows), out  # steps whose layouts differ from eager
 
 
-def test_policies_filter(capsys):
-    main(["--batch", "4", "--steps", "1", "--warmup", "0", "--vocab", "500", "--device", "cpu", "--policies", "static-tree"])
+def test_policies_filter_and_json(capsys, tmp_path):
+    main(["--batch", "4", "--steps", "1", "--warmup", "0", "--vocab", "500", "--device", "cpu", "--policies", "static-tree",
+          "--out", str(tmp_path / "graphs")])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("static-tree-") or line.startswith("echo")]
     assert [r.split()[0] for r in rows] == ["static-tree-3x3x5", "static-tree-8x10x60"]
+    raw = json.loads((tmp_path / "graphs.json").read_text())
+    assert raw["command"].startswith("echo-bench graphs --batch 4") and raw["machine"]["cores"]
+    assert [r["label"] for r in raw["rows"]] == ["static-tree-3x3x5", "static-tree-8x10x60"]
+    assert all(r["differ"] == 0 and set(r["ms"]) == {"eager", "graphs", "all depths"} for r in raw["rows"])
