@@ -41,7 +41,7 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.paused:
-            wrapped_scalar = func is _aten.scalar_tensor.default and (kwargs or {}).get("device", "cpu") in ("cpu", torch.device("cpu"))
+            wrapped_scalar = func is _aten.scalar_tensor.default and torch.device((kwargs or {}).get("device", "cpu")).type == "cpu"
             self.ops += not (func.is_view or wrapped_scalar)
             self.syncs += func.overloadpacket in SYNC_OPS
         return func(*args, **(kwargs or {}))

@@ -73,16 +73,7 @@ def pad_trees(trees: DraftTrees, prefix_lens: Tensor, width: Optional[int] = Non
         return out
 
     valid = scatter(torch.ones_like(trees.tokens, dtype=torch.bool), False)
-    parents = scatter(trees.parents, -1)
-    depth = scatter(trees.depth, 0)
-    return PaddedTrees(
-        tokens=scatter(trees.tokens, 0),
-        parents=parents,
-        depth=depth,
-        positions=torch.where(valid, prefix_lens.reshape(B, 1) + depth, 0),
-        mask=ancestor_mask(parents, valid),
-        valid=valid,
-    )
+    return _padded(scatter(trees.tokens, 0), scatter(trees.parents, -1), scatter(trees.depth, 0), valid, prefix_lens)
 
 
 def pad_pool(pool: NodePool, prefix_lens: Tensor, width: int) -> PaddedTrees:
@@ -103,12 +94,16 @@ def pad_pool(pool: NodePool, prefix_lens: Tensor, width: int) -> PaddedTrees:
     pick = lambda t, fill: torch.where(valid, t.gather(1, safe), fill)  # noqa: E731
     parent_slot = pool.parent.gather(1, safe)
     parents = torch.where(valid & (parent_slot >= 0), local.gather(1, parent_slot.clamp(min=0)), -1)
-    depth = pick(pool.depth, 0)
+    return _padded(pick(pool.tokens, 0), parents, pick(pool.depth, 0), valid, prefix_lens)
+
+
+def _padded(tokens: Tensor, parents: Tensor, depth: Tensor, valid: Tensor, prefix_lens: Tensor) -> PaddedTrees:
+    """:class:`PaddedTrees` from its slots: positions and the ancestor mask follow from them."""
     return PaddedTrees(
-        tokens=pick(pool.tokens, 0),
+        tokens=tokens,
         parents=parents,
         depth=depth,
-        positions=torch.where(valid, prefix_lens.reshape(B, 1) + depth, 0),
+        positions=torch.where(valid, prefix_lens.reshape(-1, 1) + depth, 0),
         mask=ancestor_mask(parents, valid),
         valid=valid,
     )
