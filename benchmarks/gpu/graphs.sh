@@ -3,16 +3,7 @@
 # (sglang_echo/core/graphs.py), eager, graphed and Inductor-fused side by side in one run
 # (`echo-bench graphs`), and the graphs' replay checked against eager tree building.
 # Writes logs under ${OUT:-out/gpu}. DEV=cpu is a dry run of the same commands without CUDA.
-set -uo pipefail
-OUT=${OUT:-out/gpu}
-DEV=${DEV:-cuda}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if [ "$DEV" = cuda ]; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
-  python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-fi
+source "$(dirname "$0")/setup.sh"
 timeout 240 python3 -m pytest -q -p no:cacheprovider --noconftest tests/core/test_graphs.py tests/core/test_cuda.py \
   2>&1 | tee "$OUT/pytest-graphs.log" | tail -3
 for B in 8 64 256; do

@@ -7,20 +7,25 @@ For each policy of ``echo-bench scheduler`` it times the path a GPU server runs 
 * ``graphs``: :class:`~sglang_echo.core.graphs.GraphedTreeBuilder`, one CUDA graph per stage and
   one host read per depth (drafting stops once no request is active, as eagerly);
 * ``all depths``: the same graphs with no host read at all (every depth is drafted);
-* ``fused`` (``--compile``): the graphs of stages fused by Inductor first.
+* ``fused`` (``--compile``): the graphs of stages fused by Inductor first;
+* ``kernels`` (``--kernels``, ECHO and its ablations only): the graphs of the fused Triton
+  control plane, one program per depth and for Priority 2 (``control_kernel="triton"``) and two
+  for the layout (:mod:`sglang_echo.kernels.control`).
 
 Every step's layouts (tokens, positions, masks, retrieve arrays) are compared with the eager ones;
 ``differ`` counts the steps that were not identical. Without CUDA the "graphs" run eagerly (a dry
-run of the same stages).
+run of the same stages, and ``kernels`` under Triton's interpreter: a check, not a timing).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -38,22 +43,32 @@ def same_layout(a: DenseVerifyTensors, b: DenseVerifyTensors) -> bool:
     return all(torch.equal(getattr(a, f), getattr(b, f)) for f in DenseVerifyTensors.__dataclass_fields__)
 
 
+KERNEL_POLICIES = ("echo", "dense-gating", "fixed-threshold")  # the policies with fused control kernels
+
+
 def time_modes(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int, vocab: int,
-               device: torch.device, compile: bool) -> dict:
+               device: torch.device, compile: bool, kernels: bool = False) -> dict:
     sync = device_sync(device)
     drafter = TimedDrafter(SyntheticDrafter(SyntheticWorld(batch, vocab=vocab, seed=0, device=device)), sync)
     width = max_tree_size(name, cfg)
     policy = make_policy(name, cfg)
 
-    def graphed(stop_early: bool, fuse: bool) -> GraphedTreeBuilder:
-        return GraphedTreeBuilder(make_policy(name, cfg), drafter, batch, width, device, finish=dense_from_padded,
-                                  stop_early=stop_early, compile="inductor" if fuse else None)
+    def graphed(stop_early: bool, fuse: bool, kernels: bool = False) -> GraphedTreeBuilder:
+        policy = make_policy(name, replace(cfg, control_kernel="triton" if kernels else "torch"))
+        if not kernels:
+            return GraphedTreeBuilder(policy, drafter, batch, width, device, finish=dense_from_padded,
+                                      stop_early=stop_early, compile="inductor" if fuse else None)
+        from ..kernels.control import layout  # Triton: imported only when asked for
+
+        return GraphedTreeBuilder(policy, drafter, batch, width, device, stop_early=stop_early,
+                                  pad=layout.pad_pool, finish=layout.dense_from_padded)
 
     modes = {
         "eager": lambda roots, prefix: to_sglang_dense(build_trees(policy, drafter, roots)[0], prefix, width),
         "graphs": graphed(True, False),
         "all depths": graphed(False, False),
         **({"fused": graphed(True, True)} if compile else {}),
+        **({"kernels": graphed(True, False, kernels=True)} if kernels else {}),
     }
     ms = {mode: [] for mode in modes}
     first_s = dict.fromkeys(modes, 0.0)  # the first call: capture (and compilation)
@@ -89,20 +104,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vocab", type=int, default=49152, help="SmolLM2's vocabulary size by default")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--compile", action="store_true", help="also fuse each stage with Inductor before capture (slow to build)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also time the fused Triton control kernels (ECHO and its ablations only)")
     ap.add_argument("--policies", default="", help="comma-separated policy names to keep (default: all)")
     ap.add_argument("--out", type=Path, default=None, help="also write OUT.json (rows, machine, command)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     keep = set(filter(None, args.policies.split(",")))
+    if args.kernels:
+        keep = (keep or set(KERNEL_POLICIES)) & set(KERNEL_POLICIES)
+        if device.type != "cuda":  # a dry run: Triton's interpreter, set before the kernels are imported
+            os.environ["TRITON_INTERPRET"] = "1"
     cases = [(n, c) for n, c in bench_cases(args.batch) if not keep or n in keep]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (no CUDA: graph stages run eagerly)"
-    modes = ["eager", "graphs", "all depths"] + ["fused"] * args.compile
+    modes = ["eager", "graphs", "all depths"] + ["fused"] * args.compile + ["kernels"] * args.kernels
     print(f"server-path control plane per step (drafter excluded), batch {args.batch}, {args.steps} steps, {where}")
     print(f"{'policy (K_max / shape)':<34}" + "".join(f"{m[:10]:>12}{'p99':>7}" for m in modes)
           + f"{'speedup':>9}{'drafts':>20}{'first s':>20}{'differ':>8}")
     results = []
     for name, cfg in cases:
-        r = time_modes(name, cfg, args.batch, args.steps, args.warmup, args.vocab, device, args.compile)
+        r = time_modes(name, cfg, args.batch, args.steps, args.warmup, args.vocab, device, args.compile, args.kernels)
         results.append({"policy": name, "label": case_label(name, cfg), "config": vars(cfg), "batch": args.batch, **r})
         best = min(r["ms"][m][0] for m in modes[1:])
         print(f"{case_label(name, cfg):<34}" + "".join(f"{r['ms'][m][0]:12.3f}{r['ms'][m][1]:7.2f}" for m in modes)

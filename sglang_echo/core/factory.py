@@ -23,6 +23,7 @@ class PolicyConfig:
     topk: int = 10  # static tree; beam tree: its width
     total_tokens: int = 60  # static tree, root included
     fixed_tau: float = 0.3  # fixed-threshold ablation
+    control_kernel: str = "torch"  # ECHO and its ablations: "triton" fuses each depth (GPU; kernels/control)
 
 
 def make_policy(
@@ -42,11 +43,13 @@ def make_policy(
     if name == "static-tree":
         return StaticTree(config.max_depth, config.topk, config.total_tokens)
     if name == "echo":
-        return ElasticPolicy(elastic, gating, "echo")
+        return ElasticPolicy(elastic, gating, "echo", config.control_kernel)
     if name == "dense-gating":
-        return ElasticPolicy(elastic, GatingConfig.dense(calibration, config.max_depth), "dense-gating")
+        return ElasticPolicy(elastic, GatingConfig.dense(calibration, config.max_depth), "dense-gating",
+                             config.control_kernel)
     if name == "fixed-threshold":
-        return ElasticPolicy(elastic, GatingConfig.fixed(config.fixed_tau, gating.depths), "fixed-threshold")
+        return ElasticPolicy(elastic, GatingConfig.fixed(config.fixed_tau, gating.depths), "fixed-threshold",
+                             config.control_kernel)
     if name == "beam-tree":
         return BeamTree(config.max_depth, config.topk)
     if name == "budgeted-chain":

@@ -31,7 +31,10 @@ kernel of a few microseconds. ``compile="inductor"`` first fuses every stage wit
 ``torch.compile`` (one full graph per stage, no breaks), which merges the elementwise ops but not
 the sorts, gathers and scatters. On an H200 an ECHO step took 8-17 ms eagerly, 2.0-3.1 ms as
 graphs and 1.4-1.5 ms as fused graphs (``benchmarks/results/gpu-h200/``); compiling took 49-84 s,
-once per builder.
+once per builder. ECHO and its ablations also have hand-fused stages: with
+``control_kernel="triton"`` each depth is one Triton program (:mod:`sglang_echo.kernels.control`),
+captured like any other stage and compiled in seconds; ``pad`` and ``finish`` take the fused
+layout (:mod:`sglang_echo.kernels.control.layout`), so a step is a few dozen launches, not ~600.
 
 The outputs are the graphs' own buffers: read or copy them before the next call. Without CUDA, or
 with ``graphs=False``, the same stages run eagerly; that is how the CPU tests check them.
@@ -49,9 +52,10 @@ from torch import Tensor
 
 from .pack import PaddedTrees, pad_pool
 from .policy import BuildState, Frontier, TreeDrafter, TreePolicy
-from .tree import Candidates
+from .tree import Candidates, NodePool
 
 Finish = Callable[[PaddedTrees, Tensor], Any]
+Pad = Callable[[NodePool, Tensor, int], PaddedTrees]
 
 
 class GraphedTreeBuilder:
@@ -59,10 +63,10 @@ class GraphedTreeBuilder:
 
     def __init__(self, policy: TreePolicy, drafter: TreeDrafter, batch_size: int, width: int,
                  device: torch.device | str = "cuda", finish: Optional[Finish] = None, graphs: Optional[bool] = None,
-                 stop_early: bool = True, compile: Optional[str] = None):
+                 stop_early: bool = True, compile: Optional[str] = None, pad: Pad = pad_pool):
         if type(policy).finish is not TreePolicy.finish:
             raise TypeError(f"{type(policy).__name__} overrides finish(); graphs need its choices in select()")
-        self.policy, self.drafter, self.width, self.finish = policy, drafter, width, finish
+        self.policy, self.drafter, self.width, self.finish, self.pad = policy, drafter, width, finish, pad
         self.stop_early = stop_early
         self.device = torch.device(device)
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -115,7 +119,7 @@ class GraphedTreeBuilder:
 
     def _end(self, _: int) -> None:
         self.policy.select(self.state)
-        padded = pad_pool(self.state.pool, self.prefix_lens, self.width)
+        padded = self.pad(self.state.pool, self.prefix_lens, self.width)
         self.out = self.finish(padded, self.prefix_lens) if self.finish else padded
 
     def _run(self, stage: int) -> None:

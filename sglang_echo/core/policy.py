@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Optional, Protocol
 
 import torch
 from torch import Tensor
@@ -68,6 +68,7 @@ class BuildState:
     budget: int | Tensor = 0  # draft tokens still allowed this step (budgeted policies; ECHO: 0-d tensor)
     gate_evaluated: Tensor = None  # [max_depth + 1] gates evaluated per depth
     gate_passed: Tensor = None  # [max_depth + 1] gates passed per depth
+    frontier_values: Optional[tuple[Tensor, Tensor]] = None  # see set_frontier
     extra: dict = field(default_factory=dict)
 
     @property
@@ -76,19 +77,18 @@ class BuildState:
 
     def frontier(self) -> Frontier:
         slots = self.frontier_slots
-        safe = slots.clamp(min=0)
-        empty = slots < 0
-        return Frontier(
-            depth=self.depth,
-            slots=slots,
-            source=self.frontier_source,
-            tokens=self.pool.tokens.gather(1, safe).masked_fill(empty, 0),
-            path_score=self.pool.score.gather(1, safe).masked_fill(empty, float("-inf")),
-            active=self.active,
-        )
+        if self.frontier_values is not None:  # set by a policy that has them at hand (a fused kernel)
+            tokens, path_score = self.frontier_values
+        else:
+            safe, empty = slots.clamp(min=0), slots < 0
+            tokens = self.pool.tokens.gather(1, safe).masked_fill(empty, 0)
+            path_score = self.pool.score.gather(1, safe).masked_fill(empty, float("-inf"))
+        return Frontier(depth=self.depth, slots=slots, source=self.frontier_source, tokens=tokens,
+                        path_score=path_score, active=self.active)
 
-    def set_frontier(self, slots: Tensor, source: Tensor) -> None:
-        self.frontier_slots, self.frontier_source = slots, source
+    def set_frontier(self, slots: Tensor, source: Tensor, values: Optional[tuple[Tensor, Tensor]] = None) -> None:
+        """``values``: the frontier's (tokens, path scores), 0 and -inf where empty, if known."""
+        self.frontier_slots, self.frontier_source, self.frontier_values = slots, source, values
 
 
 class TreeDrafter(Protocol):
@@ -102,11 +102,12 @@ class TreePolicy(ABC):
     max_depth: int = 0
     children_per_node: int = 1  # k: children the drafter proposes per frontier node
     budgeted: bool = False  # whether the policy honours the K_max cap (Eq. 4)
+    pool_capacity: Optional[int] = None  # preallocated pool columns (a fused kernel writes them in place)
 
     def start(self, roots: Tensor) -> BuildState:
         B, dev = roots.numel(), roots.device
         state = BuildState(
-            pool=NodePool(roots),
+            pool=NodePool(roots, self.pool_capacity),
             max_depth=self.max_depth,
             active=torch.full((B,), self.max_depth > 0, dtype=torch.bool, device=dev),
             gate_evaluated=torch.zeros(self.max_depth + 1, dtype=torch.int64, device=dev),

@@ -17,7 +17,9 @@ in place ("truncate-and-widen"); under high load (Case 2) the budget is consumed
 requests' depth before any width is granted.
 
 Dense gating and the fixed-threshold ablations are this policy with another
-:class:`~sglang_echo.core.gating.GatingConfig`.
+:class:`~sglang_echo.core.gating.GatingConfig`. With ``kernel="triton"`` each depth (and
+Priority 2) runs as one Triton program (:mod:`sglang_echo.kernels.control.elastic`, for GPUs,
+where the ~60 tensor ops of an eager depth are launch-bound); the trees are the same.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from torch import Tensor
 from .gating import GatingConfig, layer_confidence
 from .policy import BuildState, TreePolicy, grant_in_priority, ranked, take_top
 from .tree import Candidates
+
+
+KERNELS = ("torch", "triton")  # how the control plane runs: tensor ops, or one Triton program a depth
 
 
 @dataclass(frozen=True)
@@ -49,14 +54,18 @@ class ElasticPolicy(TreePolicy):
 
     budgeted = True
 
-    def __init__(self, config: ElasticConfig, gating: GatingConfig, name: str = "echo"):
-        self.config, self.gating, self.name = config, gating, name
+    def __init__(self, config: ElasticConfig, gating: GatingConfig, name: str = "echo", kernel: str = "torch"):
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown control kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+        self.config, self.gating, self.name, self.kernel = config, gating, name, kernel
         self.max_depth = config.max_depth
         # W_max children per frontier node, so even the root's depth can be widened to W_max.
         self.children_per_node = config.w_max
         # Host-side tables: reading them never waits for the device.
         self._tau = gating.threshold_table(config.max_depth).tolist()
         self._gated = [d in gating.depths for d in range(config.max_depth + 1)]
+        if kernel == "triton":  # the kernel writes each depth's pool columns in place
+            self.pool_capacity = 1 + config.max_depth * config.w_def * config.w_max
 
     def start(self, roots: Tensor) -> BuildState:
         state = super().start(roots)
@@ -73,6 +82,8 @@ class ElasticPolicy(TreePolicy):
         return state
 
     def advance(self, state: BuildState, cands: Candidates) -> None:
+        if self.kernel == "triton" and cands.proposal_dists is None:
+            return self._advance_fused(state, cands)
         cfg, pool = self.config, state.pool
         d = state.depth + 1
         slots = pool.append(cands, state.frontier_slots, d)
@@ -109,10 +120,27 @@ class ElasticPolicy(TreePolicy):
         state.active = passed & (grant > 0) & (state.budget > 0)
         state.depth = d
 
+    def _advance_fused(self, state: BuildState, cands: Candidates) -> None:
+        """``advance`` as one Triton program (the same steps, Alg. 1 lines 5-15)."""
+        from ..kernels.control.elastic import elastic_depth  # Triton only where it is asked for
+
+        d, cfg = state.depth + 1, self.config
+        slots, source, tokens, path_score, state.active, state.budget = elastic_depth(
+            state.pool, cands, state.frontier_slots, state.active, state.budget, state.extra,
+            state.gate_evaluated, state.gate_passed, depth=d, tau=self._tau[d], gated=self._gated[d],
+            w_def=cfg.w_def, w_max=cfg.w_max)
+        state.set_frontier(slots, source, (tokens, path_score))
+        state.depth = d
+
     def select(self, state: BuildState) -> None:
         # Priority 2 runs only here, after no request can deepen any more (unconditionally: with
         # no budget left or nothing truncated every grant is 0, and no host sync is needed).
         ex, w_max = state.extra, self.config.w_max
+        if self.kernel == "triton":
+            from ..kernels.control.elastic import elastic_select
+
+            state.budget, ex["widened"] = elastic_select(state.pool, state.budget, ex, w_max)
+            return
         avail = (ex["trunc_slots"] >= 0).sum(1)
         want = torch.where(ex["truncated"], avail.clamp(max=w_max), 0)
         grant = grant_in_priority(want, torch.where(ex["truncated"], ex["trunc_conf"], -1.0), state.budget)

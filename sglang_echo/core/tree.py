@@ -109,20 +109,39 @@ class NodePool:
     path scores never increase along a path).
     """
 
-    def __init__(self, roots: Tensor):
+    # Every field and its root column (slot 0 of each request).
+    ROOT = dict(tokens=None, parent=-1, depth=0, logprob=0.0, score=0.0, drafter=0, proposal=DETERMINISTIC,
+                valid=True, keep=True)
+    FIELDS = tuple(ROOT)
+    _DTYPES = dict(logprob=torch.float32, score=torch.float32, valid=torch.bool, keep=torch.bool)
+
+    def __init__(self, roots: Tensor, capacity: Optional[int] = None):
+        """``capacity``: preallocate ``[B, capacity]`` columns, so appends write in place instead of
+        concatenating (a fused kernel then writes a depth's columns itself, :meth:`reserve`)."""
         B, dev = roots.numel(), roots.device
         self.batch_size = B
-        self.tokens = roots.reshape(B, 1).long()
-        self.parent = torch.full((B, 1), -1, dtype=torch.int64, device=dev)
-        self.depth = torch.zeros(B, 1, dtype=torch.int64, device=dev)
-        self.logprob = torch.zeros(B, 1, device=dev)
-        self.score = torch.zeros(B, 1, device=dev)
-        self.drafter = torch.zeros(B, 1, dtype=torch.int64, device=dev)
-        self.proposal = torch.full((B, 1), DETERMINISTIC, dtype=torch.int64, device=dev)
-        self.valid = torch.ones(B, 1, dtype=torch.bool, device=dev)
-        self.keep = torch.ones(B, 1, dtype=torch.bool, device=dev)
+        self._preallocated = capacity is not None
+        # Columns past the root are written by append/reserve's caller before they are viewed.
+        self._store = {f: torch.empty(B, capacity or 1, dtype=self._DTYPES.get(f, torch.int64), device=dev)
+                       for f in self.FIELDS}
+        for f, value in self.ROOT.items():
+            self._store[f][:, 0] = roots.reshape(B) if value is None else value
+        self._view(1)
         self._dists: list[Tensor] = []
         self._num_dists = 0
+
+    def _view(self, size: int) -> None:
+        for f in self.FIELDS:
+            setattr(self, f, self._store[f][:, :size])
+
+    def reserve(self, columns: int) -> int:
+        """Extend a preallocated pool by ``columns`` slots (their contents are the caller's to
+        write: every field, ``keep`` included); returns the first new slot."""
+        start = self.size
+        if not self._preallocated or start + columns > self._store["tokens"].shape[1]:
+            raise ValueError(f"reserve({columns}) needs a pool preallocated with capacity >= {start + columns}")
+        self._view(start + columns)
+        return start
 
     @property
     def size(self) -> int:
@@ -146,16 +165,17 @@ class NodePool:
             self._dists.append(cands.proposal_dists)
             self._num_dists += cands.proposal_dists.shape[0]
         drafter = cands.drafter if cands.drafter is not None else torch.zeros_like(cands.tokens)
-        start = self.size
-        self.tokens = torch.cat([self.tokens, cands.tokens.long()], 1)
-        self.parent = torch.cat([self.parent, parent_slot], 1)
-        self.depth = torch.cat([self.depth, torch.full_like(cands.tokens, depth, dtype=torch.int64)], 1)
-        self.logprob = torch.cat([self.logprob, cands.logprob.float()], 1)
-        self.score = torch.cat([self.score, score.float()], 1)
-        self.drafter = torch.cat([self.drafter, drafter.long()], 1)
-        self.proposal = torch.cat([self.proposal, proposal.long()], 1)
-        self.valid = torch.cat([self.valid, valid], 1)
-        self.keep = torch.cat([self.keep, torch.zeros_like(valid)], 1)
+        new = dict(tokens=cands.tokens.long(), parent=parent_slot,
+                   depth=torch.full_like(cands.tokens, depth, dtype=torch.int64), logprob=cands.logprob.float(), score=score.float(), drafter=drafter.long(),
+                   proposal=proposal.long(), valid=valid, keep=torch.zeros_like(valid))
+        if self._preallocated:
+            start = self.reserve(C)
+            for f, value in new.items():
+                getattr(self, f)[:, start:] = value
+        else:
+            start = self.size
+            for f, value in new.items():
+                setattr(self, f, torch.cat([getattr(self, f), value], 1))
         return torch.arange(start, start + C, device=self.tokens.device).expand(B, C)
 
     def newest(self, values: Tensor, slots: Tensor) -> Tensor:
@@ -166,7 +186,11 @@ class NodePool:
     def mark(self, slots: Tensor, mask: Tensor) -> None:
         """Keep ``slots[b, k]`` wherever ``mask[b, k]`` (slots < 0 are ignored)."""
         hits = (mask & (slots >= 0)).long()
-        self.keep = self.keep.long().scatter_add_(1, slots.clamp(min=0), hits) > 0
+        keep = self.keep.long().scatter_add_(1, slots.clamp(min=0), hits) > 0
+        if self._preallocated:
+            self.keep.copy_(keep)
+        else:
+            self.keep = keep
 
     def compact(self) -> DraftTrees:
         """Gather the kept slots into CSR :class:`DraftTrees`, re-indexing parents locally."""

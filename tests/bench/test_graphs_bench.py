@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 from sglang_echo.bench.graphs import main
 from sglang_echo.bench.scheduler import bench_cases
@@ -27,3 +29,14 @@ def test_policies_filter_and_json(capsys, tmp_path):
     assert raw["command"].startswith("echo-bench graphs --batch 4") and raw["machine"]["cores"]
     assert [r["label"] for r in raw["rows"]] == ["static-tree-3x3x5", "static-tree-8x10x60"]
     assert all(r["differ"] == 0 and set(r["ms"]) == {"eager", "graphs", "all depths"} for r in raw["rows"])
+
+
+def test_kernels_mode_dry_run_on_cpu():
+    """``--kernels`` on the CPU: the ECHO family only, the Triton kernels under the interpreter
+    (a subprocess, so this process's Triton stays compiled-mode), layouts equal to eager."""
+    cmd = [sys.executable, "-m", "sglang_echo.bench.cli", "graphs", "--batch", "6", "--steps", "2", "--warmup", "0",
+           "--vocab", "500", "--device", "cpu", "--kernels"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True).stdout
+    rows = [line for line in out.splitlines() if re.search(r"\d+/2$", line)]
+    assert [r.split()[0] for r in rows] == ["echo", "echo", "dense-gating"], out
+    assert "kernels" in out and all(line.endswith(" 0/2") for line in rows), out

@@ -19,6 +19,8 @@ if not torch.cuda.is_available():
     _previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
+        import sglang_echo.kernels.control.elastic  # noqa: F401
+        import sglang_echo.kernels.control.layout  # noqa: F401
         import sglang_echo.kernels.tree_attention.triton_kernel as _triton_kernel
     finally:
         if _previous is None:

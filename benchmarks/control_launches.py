@@ -1,0 +1,117 @@
+"""Kernel launches per ECHO step of the GPU server's control plane, eager vs the fused Triton path.
+
+Counts, on any machine, what a captured step replays: every torch op that launches a GPU kernel
+(:class:`~sglang_echo.bench.scheduler.OpCounter`, allocations left out: they launch nothing) and
+every Triton program. The step is :class:`~sglang_echo.core.graphs.GraphedTreeBuilder`'s stages
+run eagerly with every depth drafted (what its graphs hold), drafter excluded, at batch 256:
+
+    python benchmarks/control_launches.py [--batch 256]
+
+Without CUDA the Triton kernels run under the interpreter (set here before they are imported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import replace
+
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
+
+from sglang_echo.bench.scheduler import OpCounter  # noqa: E402
+from sglang_echo.core import PolicyConfig, make_policy  # noqa: E402
+from sglang_echo.core.factory import max_tree_size  # noqa: E402
+from sglang_echo.core.graphs import GraphedTreeBuilder  # noqa: E402
+from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld  # noqa: E402
+from sglang_echo.integration.padded import dense_from_padded  # noqa: E402
+from sglang_echo.kernels.control import elastic, layout  # noqa: E402
+
+ALLOCATIONS = {"empty.memory_format", "empty_strided.default", "empty_like.default"}
+
+
+class Counted(OpCounter):
+    """OpCounter without allocations, plus the Triton programs launched under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.programs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__ in ALLOCATIONS:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+COUNTER = Counted()
+
+
+class _Launch:
+    """A Triton kernel whose launches are counted (and whose insides are not torch ops)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            COUNTER.paused, paused = True, COUNTER.paused
+            COUNTER.programs += 1
+            try:
+                return launch(*args, **kwargs)
+            finally:
+                COUNTER.paused = paused
+        return run
+
+
+for module, name in ((elastic, "_elastic_depth_kernel"), (elastic, "_elastic_select_kernel"),
+                     (layout, "_pad_pool_kernel"), (layout, "_dense_kernel")):
+    setattr(module, name, _Launch(getattr(module, name)))
+
+
+class PausedDrafter(SyntheticDrafter):
+    def propose(self, frontier, k):
+        COUNTER.paused, paused = True, COUNTER.paused
+        try:
+            return super().propose(frontier, k)
+        finally:
+            COUNTER.paused = paused
+
+
+def count(name: str, cfg: PolicyConfig, batch: int, fused: bool, device: str) -> tuple[int, int, int]:
+    world = SyntheticWorld(batch, vocab=49152, seed=0, device=device)
+    policy = make_policy(name, replace(cfg, control_kernel="triton" if fused else "torch"))
+    kw = dict(pad=layout.pad_pool, finish=layout.dense_from_padded) if fused else dict(finish=dense_from_padded)
+    builder = GraphedTreeBuilder(policy, PausedDrafter(world), batch, max_tree_size(name, cfg), device,
+                                 graphs=False, stop_early=False, **kw)
+    g = torch.Generator().manual_seed(45)
+    roots = torch.randint(0, 49152, (batch,), generator=g).to(device)
+    prefix = torch.randint(16, 2048, (batch,), generator=g).to(device)
+    builder(roots, prefix)  # warm-up: the candidate buffers exist from here on
+    COUNTER.ops = COUNTER.syncs = COUNTER.programs = 0
+    with COUNTER:
+        builder(roots, prefix)
+    return COUNTER.ops, COUNTER.programs, COUNTER.syncs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    B = args.batch
+    print(f"launches per step (every depth drafted), batch {B}, {args.device}")
+    print(f"{'policy':<28}{'eager ops':>11}{'fused ops':>11}{'+ programs':>12}{'ratio':>8}{'syncs':>7}")
+    for name, cfg in (("echo", PolicyConfig(k_max=4 * B, max_depth=8, w_def=1, w_max=4)),
+                      ("echo", PolicyConfig(k_max=8 * B, max_depth=8, w_def=2, w_max=8)),
+                      ("dense-gating", PolicyConfig(k_max=4 * B, max_depth=8, w_def=1, w_max=4))):
+        eager, _, _ = count(name, cfg, B, False, args.device)
+        ops, programs, syncs = count(name, cfg, B, True, args.device)
+        label = f"{name} K_max={cfg.k_max // B}B W={cfg.w_def}/{cfg.w_max}"
+        print(f"{label:<28}{eager:>11}{ops:>11}{programs:>12}{eager / (ops + programs):>7.1f}x{syncs:>7}")
+
+
+if __name__ == "__main__":
+    main()
