@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fourth GPU call (see benchmarks/gpu/README.md): the fused Triton control kernels
-# (kernels/control/elastic.py). Their exactness against the eager policy, eagerly and replayed
+# (kernels/control/: elastic.py, layout.py). Their exactness against the eager policy, eagerly and replayed
 # as CUDA graphs, then `echo-bench graphs --kernels` at batch 8, 64 and 256 (eager vs graphs vs
 # graphs of the kernels, same steps, layouts compared). Also re-runs the graph-builder tests
 # that were only fixed on the CPU. Writes logs under ${OUT:-out/gpu}; DEV=cpu STEPS=2 is a dry run.
@@ -10,7 +10,7 @@ if [ "$DEV" = cuda ]; then
 else  # the CPU tests of the same files, the kernels under Triton's interpreter
   export TRITON_INTERPRET=1 TESTS=""
 fi
-timeout 200 python3 -m pytest -q -p no:cacheprovider --noconftest $TESTS tests/kernels/test_control.py \
+timeout 300 python3 -m pytest -q -p no:cacheprovider --noconftest $TESTS tests/kernels/test_control.py \
   tests/core/test_graphs.py 2>&1 | tee "$OUT/pytest-kernels.log" | tail -3
 for B in 8 64 256; do
   timeout 90 python3 -m sglang_echo.bench.cli graphs --batch $B --steps ${STEPS:-30} --device "$DEV" --kernels --out "$OUT/kernels-b$B" \

@@ -12,7 +12,7 @@ reach every sglang subprocess). Resolution order, later wins:
    ``SGLANG_ECHO_K_MAX``, ``SGLANG_ECHO_MAX_DEPTH``, ``SGLANG_ECHO_W_DEF``, ``SGLANG_ECHO_W_MAX``,
    ``SGLANG_ECHO_WIDTH``, ``SGLANG_ECHO_CALIBRATION``, ``SGLANG_ECHO_DRAFTER``,
    ``SGLANG_ECHO_DART_NGRAM``, ``SGLANG_ECHO_VERIFY``, ``SGLANG_ECHO_BUDGET``,
-   ``SGLANG_ECHO_EXPLORE_BACKOFF``, ``SGLANG_ECHO_LAZY_EXTEND``).
+   ``SGLANG_ECHO_EXPLORE_BACKOFF``, ``SGLANG_ECHO_LAZY_EXTEND``, ``SGLANG_ECHO_CONTROL_KERNEL``).
 
 Defaults: policy ``echo``, ``k_max`` 64 (batch verification cap, roots included), ``max_depth``
 4, ``w_def`` 1, ``w_max`` 2, no calibration file (the paper's default gates, logged loudly),
@@ -34,6 +34,10 @@ that while they keep confirming plain decoding (1: every 64 steps).
 that drafts nothing skips EAGLE's draft extend, and the next step that may draft extends over
 the skipped tokens first (:mod:`.lazy_extend`); a request's draft KV lags by at most that many
 tokens (a full backlog is caught up at once), 0 turns it off.
+``control_kernel`` (``echo``, ``dense-gating``, ``fixed-threshold``; CUDA only): ``torch`` runs
+the scheduler as tensor ops, ``triton`` each draft depth as one Triton program
+(:mod:`sglang_echo.kernels.control`; the same trees, about 60 fewer launches per depth; compiled
+on first use for each power-of-two batch size).
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class EchoConfig:
     budget: str = "fixed"  # fixed | cost: each step's cap from the measured cost model (budgeted policies)
     explore_backoff: int = 16  # budget cost: the longest gap between K_max explorations, in units of 64 steps
     lazy_extend: int = 32  # most tokens a plain step may leave out of the draft KV per request (0: off)
+    control_kernel: str = "torch"  # torch | triton: the elastic scheduler as tensor ops or Triton programs (CUDA)
     source: str = "defaults"
 
     # -- derived ---------------------------------------------------------------------------
@@ -113,6 +118,7 @@ class EchoConfig:
 
     def validate(self) -> "EchoConfig":
         from sglang_echo.core.factory import POLICIES
+        from sglang_echo.core.scheduler import KERNELS
 
         def bad(msg: str) -> EchoConfigError:
             return EchoConfigError(f"ECHO config ({self.source}): {msg}")
@@ -137,6 +143,11 @@ class EchoConfig:
             raise bad(f"explore_backoff={self.explore_backoff} must be >= 1 (1: explore every 64 steps)")
         if self.lazy_extend < 0:
             raise bad(f"lazy_extend={self.lazy_extend} must be >= 0 (0: extend the draft KV every step)")
+        if self.control_kernel not in KERNELS:
+            raise bad(f"control_kernel={self.control_kernel!r} is unknown; choose one of {', '.join(KERNELS)}")
+        if self.control_kernel == "triton" and self.policy not in ELASTIC:
+            raise bad(f"control_kernel='triton' fuses the elastic scheduler ({', '.join(ELASTIC)}), "
+                      f"not policy {self.policy!r}")
         if not 0.0 <= self.fixed_tau <= 1.0:
             raise bad(f"fixed_tau={self.fixed_tau} must be a probability in [0, 1]")
         W = self.resolved_width()
@@ -161,6 +172,7 @@ class EchoConfig:
         return PolicyConfig(
             k_max=self.k_max, max_depth=self.max_depth, w_def=self.w_def, w_max=self.w_max,
             topk=self.w_max, total_tokens=self.resolved_width(), fixed_tau=self.fixed_tau,
+            control_kernel=self.control_kernel,
         )
 
     def describe(self) -> str:

@@ -158,6 +158,8 @@ def validate_server_args(sa) -> None:
     no(sa.speculative_eagle_topk is not None and sa.speculative_eagle_topk < 2,
        f"--speculative-eagle-topk={sa.speculative_eagle_topk}: ECHO needs topk >= 2 (W_max, the tree width)")
     cfg = _echo_config(sa)  # raises EchoConfigError with the offending setting
+    no(cfg.control_kernel == "triton" and (sa.device or "cuda") != "cuda",
+       f"control_kernel 'triton' (SGLANG_ECHO_CONTROL_KERNEL) needs a CUDA device, not --device {sa.device}")
     # A missing, malformed or mismatched calibration file is a start-up error, here in the
     # main process, before any subprocess starts.
     load_calibration_for(cfg, model_path=sa.model_path, draft_path=sa.speculative_draft_model_path)

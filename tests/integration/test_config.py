@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,31 @@ def test_explore_backoff_setting_reaches_the_cost_budget():
     assert load_config(environ={}).explore_backoff == 16
     with pytest.raises(EchoConfigError, match="explore_backoff=0 must be >= 1"):
         load_config(environ={"SGLANG_ECHO_EXPLORE_BACKOFF": "0"})
+
+
+def test_control_kernel_setting(monkeypatch):
+    from types import SimpleNamespace
+
+    from sglang_echo.integration.spec import validate_server_args
+
+    cfg = load_config(environ={"SGLANG_ECHO_CONTROL_KERNEL": "triton"})
+    assert cfg.control_kernel == "triton" and cfg.policy_config().control_kernel == "triton"
+    assert load_config(environ={}).policy_config().control_kernel == "torch"
+    with pytest.raises(EchoConfigError, match="control_kernel='cuda' is unknown"):
+        load_config(environ={"SGLANG_ECHO_CONTROL_KERNEL": "cuda"})
+    with pytest.raises(EchoConfigError, match="not policy 'chain'"):
+        load_config(environ={"SGLANG_ECHO_CONTROL_KERNEL": "triton", "SGLANG_ECHO_POLICY": "chain"})
+    # The server refuses it without CUDA, naming the setting, before anything starts.
+    for key in [k for k in os.environ if k.startswith("SGLANG_ECHO_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("SGLANG_ECHO_DRAFTER", "ngram")
+    monkeypatch.setenv("SGLANG_ECHO_CONTROL_KERNEL", "triton")
+    sa = SimpleNamespace(speculative_draft_model_path=None, pp_size=1, enable_dp_attention=False,
+                         disaggregation_mode="null", speculative_adaptive=False,
+                         speculative_use_rejection_sampling=False, enable_multi_layer_eagle=False, page_size=1,
+                         speculative_eagle_topk=None, speculative_num_steps=None, speculative_num_draft_tokens=None,
+                         device="cpu", model_path=None)
+    with pytest.raises(ValueError, match="control_kernel 'triton'.*needs a CUDA device, not --device cpu"):
+        validate_server_args(sa)
+    sa.device = "cuda"
+    validate_server_args(sa)
