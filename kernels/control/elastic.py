@@ -48,7 +48,8 @@ def _candidates(rows, cols, B, C, cand_logprob, cand_parent, cand_valid, stride_
     inb = (rows[:, None] < B) & (cols[None, :] < C)
     par = tl.maximum(tl.load(cand_parent + rows[:, None] * stride_c + cols[None, :], mask=inb, other=0), 0)
     parent_slot = tl.load(frontier + rows[:, None] * stride_f + par, mask=inb & (par < F), other=-1)
-    valid = (tl.load(cand_valid + rows[:, None] * stride_c + cols[None, :], mask=inb, other=0) != 0) & (parent_slot >= 0)
+    proposed = tl.load(cand_valid + rows[:, None] * stride_c + cols[None, :], mask=inb, other=0) != 0
+    valid = proposed & (parent_slot >= 0)
     parent_slot = tl.where(valid, parent_slot, 0)
     parent_score = tl.load(pool_score + rows[:, None] * stride_p + parent_slot, mask=inb, other=0.0)
     logprob = tl.load(cand_logprob + rows[:, None] * stride_c + cols[None, :], mask=inb, other=0.0)
@@ -160,7 +161,8 @@ def _elastic_depth_kernel(
         out = rows * W_DEF + k
         tl.store(out_frontier + out, tl.where(taken, start + col, -1), mask=row_ok)
         tl.store(out_source + out, tl.where(taken, col, -1), mask=row_ok)
-        tl.store(out_tokens + out, tl.load(cand_tokens + rows * stride_c + col, mask=row_ok & taken, other=0), mask=row_ok)
+        token = tl.load(cand_tokens + rows * stride_c + col, mask=row_ok & taken, other=0)
+        tl.store(out_tokens + out, token, mask=row_ok)
         best = tl.sum(tl.where((rank == k) & inb, score, 0.0), 1)  # the one ranked-k score (+ zeros: exact)
         tl.store(out_score + out, tl.where(taken, best, float("-inf")), mask=row_ok)
 

@@ -35,7 +35,9 @@ def _pad_pool_kernel(pool_tokens, pool_parent, pool_depth, pool_valid, pool_keep
     ps = tl.arange(0, BLOCK_P)
     ws = tl.arange(0, BLOCK_W)
     row = b * stride_p
-    kept = (tl.load(pool_keep + row + ps, mask=ps < P, other=0) != 0) & (tl.load(pool_valid + row + ps, mask=ps < P, other=0) != 0)
+    in_pool = ps < P
+    kept = tl.load(pool_keep + row + ps, mask=in_pool, other=0) != 0
+    kept &= tl.load(pool_valid + row + ps, mask=in_pool, other=0) != 0
     local = tl.cumsum(kept.to(tl.int32), 0) - 1  # tree slot of every kept pool slot
     hit = kept[None, :] & (local[None, :] == ws[:, None])  # [W, P]: pool slot of each tree slot
     valid = (tl.sum(hit.to(tl.int32), 1) > 0) & (ws < W)

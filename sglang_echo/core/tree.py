@@ -166,8 +166,9 @@ class NodePool:
             self._num_dists += cands.proposal_dists.shape[0]
         drafter = cands.drafter if cands.drafter is not None else torch.zeros_like(cands.tokens)
         new = dict(tokens=cands.tokens.long(), parent=parent_slot,
-                   depth=torch.full_like(cands.tokens, depth, dtype=torch.int64), logprob=cands.logprob.float(), score=score.float(), drafter=drafter.long(),
-                   proposal=proposal.long(), valid=valid, keep=torch.zeros_like(valid))
+                   depth=torch.full_like(cands.tokens, depth, dtype=torch.int64), logprob=cands.logprob.float(),
+                   score=score.float(), drafter=drafter.long(), proposal=proposal.long(), valid=valid,
+                   keep=torch.zeros_like(valid))
         if self._preallocated:
             start = self.reserve(C)
             for f, value in new.items():

@@ -45,7 +45,8 @@ def main() -> None:
     for batch, w_def, gated in ((64, 1, True), (256, 1, True), (256, 2, False)):
         cx = dict(GATED=gated, HAS_DRAFTER=True, HAS_PROPOSAL=True, W_DEF=w_def, W_MAX=4, BLOCK_B=elastic._block(batch),
                   BLOCK_C=triton.next_power_of_2(w_def * 4), CHUNK_B=elastic.CHUNK, LIBDEVICE=True)
-        rows[f"depth B={batch} W_def={w_def} gated={gated}"] = usage(elastic._elastic_depth_kernel, cx, elastic._warps(batch))
+        label = f"depth B={batch} W_def={w_def} gated={gated}"
+        rows[label] = usage(elastic._elastic_depth_kernel, cx, elastic._warps(batch))
     for batch in (64, 256):
         cx = dict(W_MAX=4, BLOCK_B=elastic._block(batch), CHUNK_B=elastic.CHUNK)
         rows[f"select B={batch}"] = usage(elastic._elastic_select_kernel, cx, elastic._warps(batch))

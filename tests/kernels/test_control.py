@@ -1,6 +1,8 @@
-"""The fused ECHO control kernels (:mod:`sglang_echo.kernels.control.elastic`) build exactly the
-trees of the eager policy: same nodes, gate counts, budget and widening, for ECHO and its
-ablations, ties included. On the CPU they run under ``TRITON_INTERPRET=1`` (conftest); on a GPU
+"""The fused control kernels (:mod:`sglang_echo.kernels.control`) do exactly what the torch code
+does: the elastic kernels build the eager policy's trees, frontiers, gate counts, budget and
+widening (ECHO and its ablations, ties included, SmolLM2 with its EAGLE-3 head too), the layout
+kernels lay any policy's pool out as ``pad_pool`` and ``dense_from_padded`` do. On the CPU they
+run under ``TRITON_INTERPRET=1`` (conftest) and are compiled for sm_90 in a subprocess; on a GPU
 (``-m gpu``) they are also replayed as CUDA graphs."""
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ def roots_for(batch, seed, device="cpu"):
     (70, 3, 2, 4),   # more rows than one chunk of the grant sum, not a power of two, W_def = 2
     (16, 9, 2, 8),   # a loose budget: depth everywhere, wide widening
     (10, 0.5, 1, 4),  # K_max < B: plain decoding, nothing drafted
+    (1, 6, 1, 4),    # one request
 ])
 @pytest.mark.parametrize("drafter", [SyntheticDrafter, Coarse, Labelled])
 def test_fused_policy_equals_eager(name, batch, k_per_request, w_def, w_max, drafter):
