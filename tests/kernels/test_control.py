@@ -94,14 +94,23 @@ def roots_for(batch, seed, device="cpu"):
     (10, 0.5, 1, 4),  # K_max < B: plain decoding, nothing drafted
     (1, 6, 1, 4),    # one request
 ])
-@pytest.mark.parametrize("drafter", [SyntheticDrafter, Coarse, Labelled])
+@pytest.mark.parametrize("drafter", [SyntheticDrafter, Coarse])
 def test_fused_policy_equals_eager(name, batch, k_per_request, w_def, w_max, drafter):
     cfg = PolicyConfig(k_max=max(int(k_per_request * batch), 1), max_depth=6, w_def=w_def, w_max=w_max)
     world = SyntheticWorld(batch, vocab=VOCAB, seed=batch)
-    for seed in range(3):
+    for seed in range(2):
         roots = roots_for(batch, seed)
         eager = build(name, cfg, drafter(world), roots, "torch")
         assert_same_step(eager, build(name, cfg, drafter(world), roots, "triton"))
+
+
+def test_drafter_ids_and_proposal_rows_reach_the_pool():
+    batch, cfg = 20, PolicyConfig(k_max=100, max_depth=6, w_def=2, w_max=4)
+    world = SyntheticWorld(batch, vocab=VOCAB, seed=8)
+    roots = roots_for(batch, 0)
+    eager, fused = (build("echo", cfg, Labelled(world), roots, k) for k in ("torch", "triton"))
+    assert_same_step(eager, fused)
+    assert fused[0].drafter.unique().numel() > 1
 
 
 def test_per_step_cap_and_sampled_fallback():
@@ -194,8 +203,7 @@ def test_kernels_compile_for_hopper_without_spills():
         assert "STACK:0 " in line and "LOCAL:0 " in line, (kernel, line)
 
 
-@pytest.mark.parametrize("name", ["echo", "dense-gating"])
-def test_real_model_with_the_kernels_is_lossless_and_drafts_the_same(name, smollm2_dir):
+def test_real_model_with_the_kernels_is_lossless_and_drafts_the_same(smollm2_dir):
     """SmolLM2-135M with the shipped EAGLE-3 head, greedy: the kernels' steps accept exactly what
     the eager policy's do, and the output is plain decoding's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -210,7 +218,7 @@ def test_real_model_with_the_kernels_is_lossless_and_drafts_the_same(name, smoll
     prompts = load_prompt_ids("chat", 4, tokenizer, 48)
     cfg = PolicyConfig(k_max=12, max_depth=6, w_def=1, w_max=4)  # 3 draft tokens a request: gates bind
     ar = autoregressive_generate(target, prompts, 16)
-    runs = [speculative_generate(target, drafter, make_policy(name, replace(cfg, control_kernel=k)), prompts, 16)
+    runs = [speculative_generate(target, drafter, make_policy("echo", replace(cfg, control_kernel=k)), prompts, 16)
             for k in ("torch", "triton")]
     for res in runs:
         assert res.tokens == ar.tokens
