@@ -143,13 +143,16 @@ class GraphedTreeBuilder:
         if self._cands[d] is None:
             self._cands[d] = _buffer_like(cands)
             return
+        dsts, srcs = [], []
         for f in fields(Candidates):
             src, dst = getattr(cands, f.name), getattr(self._cands[d], f.name)
             if (src is None) != (dst is None) or (src is not None and src.shape != dst.shape):
                 raise ValueError(f"depth {d}: the drafter's {f.name} changed shape since capture "
                                  f"({None if dst is None else tuple(dst.shape)} -> {None if src is None else tuple(src.shape)})")
             if src is not None:
-                dst.copy_(src)
+                dsts.append(dst)
+                srcs.append(src.to(dst.dtype))
+        torch._foreach_copy_(dsts, srcs)  # a few multi-tensor launches on a GPU, not one per field
 
     def _capture(self) -> Any:
         """First call: one eager step (its result is returned) on a side stream, which warms up

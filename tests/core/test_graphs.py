@@ -151,3 +151,30 @@ def test_cuda_graph_replay_equals_eager(name, stop_early, compile):
         trees, _ = build_trees(make_policy(name, CFG), SyntheticDrafter(world), roots)
         assert_same(graphed(roots, prefix), to_sglang_dense(trees, prefix, width), DENSE)
     assert len(graphed._graphs) == graphed.policy.max_depth + 2  # start, one per depth, end
+
+
+def test_candidate_buffers_on_the_cpu():
+    """The graphs' input path without CUDA: each depth's candidates are copied into one buffer
+    per field (cast to the buffer's dtype), the stages read only those, and a drafter whose
+    candidates change shape after the first step is refused with the depth and field named."""
+    world = SyntheticWorld(B, vocab=VOCAB, seed=9)
+    width = max_tree_size("echo", CFG)
+    builder = GraphedTreeBuilder(make_policy("echo", CFG), SyntheticDrafter(world), B, width, "cpu", graphs=True)
+    for seed in range(3):  # _step is what the capture's warm-up and every replay run around the graphs
+        roots, prefix = inputs(seed)
+        builder.roots.copy_(roots)
+        builder.prefix_lens.copy_(prefix)
+        out = builder._step(stop_early=False)
+        trees, _ = build_trees(make_policy("echo", CFG), SyntheticDrafter(world), roots)
+        assert_same(out, pad_trees(trees, prefix, width), PADDED)
+    buffers = [c.tokens.data_ptr() for c in builder._cands[1:]]
+
+    class Narrower(SyntheticDrafter):
+        def propose(self, frontier, k):
+            return SyntheticDrafter.propose(self, frontier, k - 1)
+
+    builder._step(stop_early=False)
+    assert [c.tokens.data_ptr() for c in builder._cands[1:]] == buffers  # copied into, never replaced
+    builder.drafter = Narrower(world)
+    with pytest.raises(ValueError, match="depth 1: the drafter's tokens changed shape"):
+        builder._step(stop_early=False)
