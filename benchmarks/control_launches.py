@@ -3,7 +3,8 @@
 Counts, on any machine, what a captured step replays: every torch op that launches a GPU kernel
 (:class:`~sglang_echo.bench.scheduler.OpCounter`, allocations left out: they launch nothing) and
 every Triton program. The step is :class:`~sglang_echo.core.graphs.GraphedTreeBuilder`'s stages
-run eagerly with every depth drafted (what its graphs hold), drafter excluded, at batch 256:
+run eagerly with every depth drafted (what its graphs hold, plus the copies of each depth's
+candidates into the graphs' input buffers, one multi-tensor copy), drafter excluded, batch 256:
 
     python benchmarks/control_launches.py [--batch 256]
 
@@ -84,15 +85,17 @@ def count(name: str, cfg: PolicyConfig, batch: int, fused: bool, device: str) ->
     world = SyntheticWorld(batch, vocab=49152, seed=0, device=device)
     policy = make_policy(name, replace(cfg, control_kernel="triton" if fused else "torch"))
     kw = dict(pad=layout.pad_pool, finish=layout.dense_from_padded) if fused else dict(finish=dense_from_padded)
+    # graphs=True on any device: the stages run eagerly here (_step, no capture), but the candidates
+    # go through the graphs' input buffers as they would around a replay, and those copies count.
     builder = GraphedTreeBuilder(policy, PausedDrafter(world), batch, max_tree_size(name, cfg), device,
-                                 graphs=False, stop_early=False, **kw)
+                                 graphs=True, **kw)
     g = torch.Generator().manual_seed(45)
-    roots = torch.randint(0, 49152, (batch,), generator=g).to(device)
-    prefix = torch.randint(16, 2048, (batch,), generator=g).to(device)
-    builder(roots, prefix)  # warm-up: the candidate buffers exist from here on
+    builder.roots.copy_(torch.randint(0, 49152, (batch,), generator=g))
+    builder.prefix_lens.copy_(torch.randint(16, 2048, (batch,), generator=g))
+    builder._step(stop_early=False)  # the first step makes the buffers
     COUNTER.ops = COUNTER.syncs = COUNTER.programs = 0
     with COUNTER:
-        builder(roots, prefix)
+        builder._step(stop_early=False)
     return COUNTER.ops, COUNTER.programs, COUNTER.syncs
 
 
