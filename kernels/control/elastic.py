@@ -42,7 +42,7 @@ _DETERMINISTIC = tl.constexpr(DETERMINISTIC)
 
 @triton.jit
 def _candidates(rows, cols, B, C, cand_logprob, cand_parent, cand_valid, stride_c, frontier, stride_f, F,
-                pool_score, pool_valid, stride_p, start, active):
+                pool_score, stride_p, active):
     """Path scores (Eq. 5) and validity of the candidates ``[rows, cols]`` as the pool stores
     them, plus the decision mask (valid and the request active); recomputable for any rows."""
     inb = (rows[:, None] < B) & (cols[None, :] < C)
@@ -108,8 +108,7 @@ def _elastic_depth_kernel(
     cols = tl.arange(0, BLOCK_C)
     row_ok = rows < B
     inb = row_ok[:, None] & (cols[None, :] < C)
-    args = (B, C, cand_logprob, cand_parent, cand_valid, stride_c, frontier, stride_f, F,
-            pool_score, pool_valid, stride_p, start, active)
+    args = (B, C, cand_logprob, cand_parent, cand_valid, stride_c, frontier, stride_f, F, pool_score, stride_p, active)
     score, valid, parent_slot, decide = _candidates(rows, cols, *args)
 
     # The pool append (NodePool.append): every field of the new columns.
@@ -163,8 +162,8 @@ def _elastic_depth_kernel(
         tl.store(out_source + out, tl.where(taken, col, -1), mask=row_ok)
         token = tl.load(cand_tokens + rows * stride_c + col, mask=row_ok & taken, other=0)
         tl.store(out_tokens + out, token, mask=row_ok)
-        best = tl.sum(tl.where((rank == k) & inb, score, 0.0), 1)  # the one ranked-k score (+ zeros: exact)
-        tl.store(out_score + out, tl.where(taken, best, float("-inf")), mask=row_ok)
+        ranked_score = tl.sum(tl.where((rank == k) & inb, score, 0.0), 1)  # the one rank-k score (+ zeros: exact)
+        tl.store(out_score + out, tl.where(taken, ranked_score, float("-inf")), mask=row_ok)
 
     if GATED:  # truncation: remember the best W_max candidates for Priority 2
         failed = has & ~passed & row_ok
@@ -180,11 +179,12 @@ def _elastic_depth_kernel(
 
 
 @triton.jit
-def _widen(rows, trunc_slots, trunc_conf, truncated, stride_t, B, W_MAX: tl.constexpr):
+def _widen(rows, trunc_slots, trunc_conf, truncated, stride_t, B, W_MAX: tl.constexpr, BLOCK_W: tl.constexpr):
     """Priority 2's wants and priorities (Alg. 1 lines 16-20) for ``rows``."""
-    ks = tl.arange(0, W_MAX)
+    ks = tl.arange(0, BLOCK_W)
     row_ok = rows < B
-    slots = tl.load(trunc_slots + rows[:, None] * stride_t + ks[None, :], mask=row_ok[:, None], other=-1)
+    slots = tl.load(trunc_slots + rows[:, None] * stride_t + ks[None, :], mask=row_ok[:, None] & (ks[None, :] < W_MAX),
+                    other=-1)
     is_truncated = tl.load(truncated + rows, mask=row_ok, other=0) != 0
     avail = tl.sum((slots >= 0).to(tl.int64), 1)
     want = tl.where(is_truncated, tl.minimum(avail, W_MAX), 0)
@@ -195,20 +195,21 @@ def _widen(rows, trunc_slots, trunc_conf, truncated, stride_t, B, W_MAX: tl.cons
 @triton.jit
 def _elastic_select_kernel(trunc_slots, trunc_conf, truncated, stride_t, budget, pool_keep, stride_p,
                            out_budget, out_widened, B,
-                           W_MAX: tl.constexpr, BLOCK_B: tl.constexpr, CHUNK_B: tl.constexpr):
+                           W_MAX: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_B: tl.constexpr,
+                           CHUNK_B: tl.constexpr):
     rows = tl.arange(0, BLOCK_B)
     row_ok = rows < B
-    slots, want, priority = _widen(rows, trunc_slots, trunc_conf, truncated, stride_t, B, W_MAX)
+    slots, want, priority = _widen(rows, trunc_slots, trunc_conf, truncated, stride_t, B, W_MAX, BLOCK_W)
     ahead = tl.zeros([BLOCK_B], tl.int64)
     for j0 in range(0, B, CHUNK_B):
         rows_j = j0 + tl.arange(0, CHUNK_B)
-        slots_j, want_j, priority_j = _widen(rows_j, trunc_slots, trunc_conf, truncated, stride_t, B, W_MAX)
+        slots_j, want_j, priority_j = _widen(rows_j, trunc_slots, trunc_conf, truncated, stride_t, B, W_MAX, BLOCK_W)
         ahead += _ahead(rows, priority, rows_j, priority_j, want_j, B)
     left = tl.load(budget)
     grant = tl.where(row_ok, tl.minimum(tl.maximum(left - ahead, 0), want), 0)
     tl.store(out_budget, left - tl.sum(grant, 0))
     tl.store(out_widened + rows, grant, mask=row_ok)
-    ks = tl.arange(0, W_MAX)
+    ks = tl.arange(0, BLOCK_W)
     hit = row_ok[:, None] & (ks[None, :] < grant[:, None]) & (slots >= 0)
     tl.store(pool_keep + rows[:, None] * stride_p + tl.maximum(slots, 0), hit, mask=hit)
 
@@ -265,7 +266,8 @@ def elastic_select(pool: NodePool, budget: Tensor, trunc: dict, w_max: int) -> t
     widened = torch.empty(B, dtype=torch.int64, device=ts.device)
     _elastic_select_kernel[(1,)](ts, trunc["trunc_conf"], trunc["truncated"], ts.stride(0), budget,
                                  pool.keep, pool.keep.stride(0), out_budget, widened, B,
-                                 W_MAX=w_max, BLOCK_B=_block(B), CHUNK_B=min(CHUNK, _block(B)), num_warps=_warps(B))
+                                 W_MAX=w_max, BLOCK_W=_block(w_max), BLOCK_B=_block(B), CHUNK_B=min(CHUNK, _block(B)),
+                                 num_warps=_warps(B))
     return out_budget, widened
 
 

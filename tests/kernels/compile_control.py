@@ -48,7 +48,7 @@ def main() -> None:
         label = f"depth B={batch} W_def={w_def} gated={gated}"
         rows[label] = usage(elastic._elastic_depth_kernel, cx, elastic._warps(batch))
     for batch in (64, 256):
-        cx = dict(W_MAX=4, BLOCK_B=elastic._block(batch), CHUNK_B=elastic.CHUNK)
+        cx = dict(W_MAX=3, BLOCK_W=4, BLOCK_B=elastic._block(batch), CHUNK_B=elastic.CHUNK)
         rows[f"select B={batch}"] = usage(elastic._elastic_select_kernel, cx, elastic._warps(batch))
     for pool, width in ((33, 13), (129, 27)):  # ECHO's pools and widths at W = 1/4 and 2/8, depth 8
         rows[f"pad_pool P={pool} W={width}"] = usage(layout._pad_pool_kernel, dict(

@@ -93,6 +93,7 @@ def roots_for(batch, seed, device="cpu"):
     (16, 9, 2, 8),   # a loose budget: depth everywhere, wide widening
     (10, 0.5, 1, 4),  # K_max < B: plain decoding, nothing drafted
     (1, 6, 1, 4),    # one request
+    (12, 4, 1, 3),   # W_max not a power of two
 ])
 @pytest.mark.parametrize("drafter", [SyntheticDrafter, Coarse])
 def test_fused_policy_equals_eager(name, batch, k_per_request, w_def, w_max, drafter):
