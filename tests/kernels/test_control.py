@@ -29,6 +29,8 @@ from sglang_echo.kernels.control import layout
 
 ECHO_FAMILY = ("echo", "dense-gating", "fixed-threshold")
 VOCAB = 3000
+# Compiled Triton needs CUDA tensors; the interpreter (conftest, no CUDA) runs on CPU tensors.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class Coarse(SyntheticDrafter):
@@ -82,7 +84,7 @@ def assert_same_step(eager, fused):
             assert torch.equal(getattr(f0, name), getattr(f1, name)), name
 
 
-def roots_for(batch, seed, device="cpu"):
+def roots_for(batch, seed, device=DEVICE):
     return torch.randint(0, VOCAB, (batch,), generator=torch.Generator().manual_seed(seed)).to(device)
 
 
@@ -98,7 +100,7 @@ def roots_for(batch, seed, device="cpu"):
 @pytest.mark.parametrize("drafter", [SyntheticDrafter, Coarse])
 def test_fused_policy_equals_eager(name, batch, k_per_request, w_def, w_max, drafter):
     cfg = PolicyConfig(k_max=max(int(k_per_request * batch), 1), max_depth=6, w_def=w_def, w_max=w_max)
-    world = SyntheticWorld(batch, vocab=VOCAB, seed=batch)
+    world = SyntheticWorld(batch, vocab=VOCAB, seed=batch, device=DEVICE)
     for seed in range(2):
         roots = roots_for(batch, seed)
         eager = build(name, cfg, drafter(world), roots, "torch")
@@ -107,7 +109,7 @@ def test_fused_policy_equals_eager(name, batch, k_per_request, w_def, w_max, dra
 
 def test_drafter_ids_and_proposal_rows_reach_the_pool():
     batch, cfg = 20, PolicyConfig(k_max=100, max_depth=6, w_def=2, w_max=4)
-    world = SyntheticWorld(batch, vocab=VOCAB, seed=8)
+    world = SyntheticWorld(batch, vocab=VOCAB, seed=8, device=DEVICE)
     roots = roots_for(batch, 0)
     eager, fused = (build("echo", cfg, Labelled(world), roots, k) for k in ("torch", "triton"))
     assert_same_step(eager, fused)
@@ -117,7 +119,7 @@ def test_drafter_ids_and_proposal_rows_reach_the_pool():
 def test_per_step_cap_and_sampled_fallback():
     batch = 24
     cfg = PolicyConfig(k_max=6 * batch, max_depth=5)
-    world = SyntheticWorld(batch, vocab=VOCAB, seed=3)
+    world = SyntheticWorld(batch, vocab=VOCAB, seed=3, device=DEVICE)
     roots = roots_for(batch, 0)
     for cap in (batch, 2 * batch, 4 * batch):  # a cost model's per-step cap below the policy's
         assert_same_step(build("echo", cfg, Coarse(world), roots, "torch", cap),
@@ -137,11 +139,11 @@ def test_fused_layout_equals_pad_pool_and_dense(name, extra_width):
     """Every policy's pools (chains, wide static trees, widened ECHO trees) lay out the same."""
     batch = 12
     cfg = PolicyConfig(k_max=5 * batch, max_depth=5, topk=3, total_tokens=14)
-    world = SyntheticWorld(batch, vocab=VOCAB, seed=6)
+    world = SyntheticWorld(batch, vocab=VOCAB, seed=6, device=DEVICE)
     width = max_tree_size(name, cfg) + extra_width
     for seed in range(2):
         _, state = build(name, cfg, SyntheticDrafter(world), roots_for(batch, seed), "torch")
-        prefix = torch.randint(1, 500, (batch,), generator=torch.Generator().manual_seed(seed))
+        prefix = torch.randint(1, 500, (batch,), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
         ref, out = pad_pool(state.pool, prefix, width), layout.pad_pool(state.pool, prefix, width)
         for f in PADDED:
             assert torch.equal(getattr(out, f), getattr(ref, f)), f
@@ -153,13 +155,13 @@ def test_fused_layout_equals_pad_pool_and_dense(name, extra_width):
 def test_graphed_builder_runs_the_kernels():
     batch = 40
     cfg = PolicyConfig(k_max=4 * batch, max_depth=6, control_kernel="triton")
-    world = SyntheticWorld(batch, vocab=VOCAB, seed=4)
+    world = SyntheticWorld(batch, vocab=VOCAB, seed=4, device=DEVICE)
     width = max_tree_size("echo", cfg)
-    fused = GraphedTreeBuilder(make_policy("echo", cfg), Coarse(world), batch, width, "cpu", graphs=False,
+    fused = GraphedTreeBuilder(make_policy("echo", cfg), Coarse(world), batch, width, DEVICE, graphs=False,
                                pad=layout.pad_pool, finish=layout.dense_from_padded)
     for seed in range(3):
         roots = roots_for(batch, seed)
-        prefix = torch.randint(1, 500, (batch,), generator=torch.Generator().manual_seed(seed))
+        prefix = torch.randint(1, 500, (batch,), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
         trees, _ = build("echo", cfg, Coarse(world), roots, "torch")
         out, ref = fused(roots, prefix), to_sglang_dense(trees, prefix, width)
         for f in fields(DenseVerifyTensors):
@@ -213,8 +215,8 @@ def test_real_model_with_the_kernels_is_lossless_and_drafts_the_same(smollm2_dir
     from sglang_echo.eval import HFTarget, autoregressive_generate, speculative_generate
 
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32)
-    drafter, captured = build_drafter("eagle3", shipped_draft(smollm2_dir, "eagle3"), model, torch.device("cpu"))
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32).to(DEVICE)
+    drafter, captured = build_drafter("eagle3", shipped_draft(smollm2_dir, "eagle3"), model, torch.device(DEVICE))
     target = HFTarget(model, captured)
     prompts = load_prompt_ids("chat", 4, tokenizer, 48)
     cfg = PolicyConfig(k_max=12, max_depth=6, w_def=1, w_max=4)  # 3 draft tokens a request: gates bind
