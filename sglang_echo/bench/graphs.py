@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from ..core import PolicyConfig, build_trees, make_policy
-from ..core.factory import max_tree_size
+from ..core.factory import ELASTIC_POLICIES, max_tree_size
 from ..core.graphs import GraphedTreeBuilder
 from ..core.synthetic import SyntheticDrafter, SyntheticWorld
 from ..integration.padded import DenseVerifyTensors, dense_from_padded, to_sglang_dense
@@ -41,9 +41,6 @@ from .scheduler import TimedDrafter, bench_cases, case_label, device_sync, media
 
 def same_layout(a: DenseVerifyTensors, b: DenseVerifyTensors) -> bool:
     return all(torch.equal(getattr(a, f), getattr(b, f)) for f in DenseVerifyTensors.__dataclass_fields__)
-
-
-KERNEL_POLICIES = ("echo", "dense-gating", "fixed-threshold")  # the policies with fused control kernels
 
 
 def time_modes(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int, vocab: int,
@@ -112,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     keep = set(filter(None, args.policies.split(",")))
     if args.kernels:
-        keep = (keep or set(KERNEL_POLICIES)) & set(KERNEL_POLICIES)
+        keep = (keep or set(ELASTIC_POLICIES)) & set(ELASTIC_POLICIES)
         if device.type != "cuda":  # a dry run: Triton's interpreter, set before the kernels are imported
             os.environ["TRITON_INTERPRET"] = "1"
     cases = [(n, c) for n, c in bench_cases(args.batch) if not keep or n in keep]

@@ -12,6 +12,7 @@ from .policy import TreePolicy
 from .scheduler import ElasticConfig, ElasticPolicy
 
 POLICIES = ("ar", "chain", "static-tree", "echo", "dense-gating", "fixed-threshold", "budgeted-chain", "beam-tree")
+ELASTIC_POLICIES = ("echo", "dense-gating", "fixed-threshold")  # ElasticPolicy: Alg. 1 and its two ablations
 
 
 @dataclass(frozen=True)

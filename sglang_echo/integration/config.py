@@ -49,6 +49,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from sglang_echo.core.factory import ELASTIC_POLICIES
+
 from .ragged import VERIFY_MODES
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,7 @@ ENV_CONFIG = "SGLANG_ECHO_CONFIG"
 ENV_PREFIX = "SGLANG_ECHO_"
 DRAFTERS = ("eagle3", "dart", "dflash", "ngram")
 # Policies whose tree grows by the elastic scheduler (frontier w_def, children w_max).
-ELASTIC = ("echo", "dense-gating", "fixed-threshold")
+ELASTIC = ELASTIC_POLICIES
 BUDGETS = ("fixed", "cost")  # how a budgeted policy's per-step cap is set (see the module docstring)
 
 

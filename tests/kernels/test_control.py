@@ -20,14 +20,13 @@ import torch
 from sglang_echo.core import PolicyConfig, build_trees, make_policy
 from sglang_echo.core.factory import max_tree_size
 from sglang_echo.core.graphs import GraphedTreeBuilder
-from sglang_echo.core.factory import POLICIES
+from sglang_echo.core.factory import ELASTIC_POLICIES, POLICIES
 from sglang_echo.core.pack import pad_pool, pad_trees
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
 from sglang_echo.core.tree import DraftTrees
 from sglang_echo.integration.padded import DenseVerifyTensors, dense_from_padded, to_sglang_dense
 from sglang_echo.kernels.control import layout
 
-ECHO_FAMILY = ("echo", "dense-gating", "fixed-threshold")
 VOCAB = 3000
 # Compiled Triton needs CUDA tensors; the interpreter (conftest, no CUDA) runs on CPU tensors.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -88,7 +87,7 @@ def roots_for(batch, seed, device=DEVICE):
     return torch.randint(0, VOCAB, (batch,), generator=torch.Generator().manual_seed(seed)).to(device)
 
 
-@pytest.mark.parametrize("name", ECHO_FAMILY)
+@pytest.mark.parametrize("name", ELASTIC_POLICIES)
 @pytest.mark.parametrize("batch, k_per_request, w_def, w_max", [
     (24, 5, 1, 4),   # some requests truncated and widened
     (70, 3, 2, 4),   # more rows than one chunk of the grant sum, not a power of two, W_def = 2
@@ -175,7 +174,7 @@ def test_unknown_kernel_is_refused():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("name", ECHO_FAMILY)
+@pytest.mark.parametrize("name", ELASTIC_POLICIES)
 @pytest.mark.parametrize("batch", [8, 64, 256])
 def test_cuda_graphs_of_the_kernels_equal_eager(name, batch):
     cfg = PolicyConfig(k_max=4 * batch, max_depth=8, w_def=1, w_max=4)
