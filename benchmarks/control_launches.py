@@ -1,8 +1,7 @@
 """Kernel launches per ECHO step of the GPU server's control plane, eager vs the fused Triton path.
 
 Counts, on any machine, what a captured step replays: every torch op that launches a GPU kernel
-(:class:`~sglang_echo.bench.scheduler.OpCounter`, allocations left out: they launch nothing) and
-every Triton program. The step is :class:`~sglang_echo.core.graphs.GraphedTreeBuilder`'s stages
+(:class:`~sglang_echo.bench.scheduler.OpCounter`) and every Triton program. The step is :class:`~sglang_echo.core.graphs.GraphedTreeBuilder`'s stages
 run eagerly with every depth drafted (what its graphs hold, plus the copies of each depth's
 candidates into the graphs' input buffers, one multi-tensor copy), drafter excluded, batch 256:
 
@@ -21,7 +20,7 @@ import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
 
-from sglang_echo.bench.scheduler import OpCounter  # noqa: E402
+from sglang_echo.bench.scheduler import OpCounter, TimedDrafter  # noqa: E402
 from sglang_echo.core import PolicyConfig, make_policy  # noqa: E402
 from sglang_echo.core.factory import max_tree_size  # noqa: E402
 from sglang_echo.core.graphs import GraphedTreeBuilder  # noqa: E402
@@ -29,27 +28,12 @@ from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld  # noqa:
 from sglang_echo.integration.padded import dense_from_padded  # noqa: E402
 from sglang_echo.kernels.control import elastic, layout  # noqa: E402
 
-ALLOCATIONS = {"empty.memory_format", "empty_strided.default", "empty_like.default"}
-
-
-class Counted(OpCounter):
-    """OpCounter without allocations, plus the Triton programs launched under it."""
-
-    def __init__(self):
-        super().__init__()
-        self.programs = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.__name__ in ALLOCATIONS:
-            return func(*args, **(kwargs or {}))
-        return super().__torch_dispatch__(func, types, args, kwargs)
-
-
-COUNTER = Counted()
+COUNTER = OpCounter()
+COUNTER.programs = 0  # Triton programs launched under it (their insides are not torch ops)
 
 
 class _Launch:
-    """A Triton kernel whose launches are counted (and whose insides are not torch ops)."""
+    """A Triton kernel whose launches are counted."""
 
     def __init__(self, kernel):
         self.kernel = kernel
@@ -72,23 +56,15 @@ for module, name in ((elastic, "_elastic_depth_kernel"), (elastic, "_elastic_sel
     setattr(module, name, _Launch(getattr(module, name)))
 
 
-class PausedDrafter(SyntheticDrafter):
-    def propose(self, frontier, k):
-        COUNTER.paused, paused = True, COUNTER.paused
-        try:
-            return super().propose(frontier, k)
-        finally:
-            COUNTER.paused = paused
-
-
 def count(name: str, cfg: PolicyConfig, batch: int, fused: bool, device: str) -> tuple[int, int, int]:
     world = SyntheticWorld(batch, vocab=49152, seed=0, device=device)
     policy = make_policy(name, replace(cfg, control_kernel="triton" if fused else "torch"))
     kw = dict(pad=layout.pad_pool, finish=layout.dense_from_padded) if fused else dict(finish=dense_from_padded)
     # graphs=True on any device: the stages run eagerly here (_step, no capture), but the candidates
     # go through the graphs' input buffers as they would around a replay, and those copies count.
-    builder = GraphedTreeBuilder(policy, PausedDrafter(world), batch, max_tree_size(name, cfg), device,
-                                 graphs=True, **kw)
+    drafter = TimedDrafter(SyntheticDrafter(world), sync=lambda: None)
+    drafter.counter = COUNTER  # paused while the drafter runs
+    builder = GraphedTreeBuilder(policy, drafter, batch, max_tree_size(name, cfg), device, graphs=True, **kw)
     g = torch.Generator().manual_seed(45)
     builder.roots.copy_(torch.randint(0, 49152, (batch,), generator=g))
     builder.prefix_lens.copy_(torch.randint(16, 2048, (batch,), generator=g))

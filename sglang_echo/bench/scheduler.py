@@ -27,12 +27,13 @@ from ..core.synthetic import SyntheticDrafter, SyntheticWorld
 
 _aten = torch.ops.aten
 SYNC_OPS = (_aten._local_scalar_dense, _aten.nonzero)  # a device -> host read each
+ALLOCATIONS = (_aten.empty, _aten.empty_strided, _aten.empty_like)  # memory only, no kernel
 
 
 class OpCounter(TorchDispatchMode):
     """Counts the tensor ops and host syncs run under it. Ops that launch nothing on a GPU are
-    left out: views, and the 0-dim CPU tensors that wrap Python scalars (``torch.where(m, x, 0)``:
-    the kernel reads the scalar as an argument)."""
+    left out: views, uninitialised allocations (``torch.empty``), and the 0-dim CPU tensors that
+    wrap Python scalars (``torch.where(m, x, 0)``: the kernel reads the scalar as an argument)."""
 
     def __init__(self):
         super().__init__()
@@ -42,7 +43,7 @@ class OpCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.paused:
             wrapped_scalar = func is _aten.scalar_tensor.default and torch.device((kwargs or {}).get("device", "cpu")).type == "cpu"
-            self.ops += not (func.is_view or wrapped_scalar)
+            self.ops += not (func.is_view or wrapped_scalar or func.overloadpacket in ALLOCATIONS)
             self.syncs += func.overloadpacket in SYNC_OPS
         return func(*args, **(kwargs or {}))
 
