@@ -35,6 +35,7 @@ from triton.language.extra import libdevice
 from torch import Tensor
 
 from ...core.tree import DETERMINISTIC, Candidates, NodePool
+from .tiles import block
 
 CHUNK = 32  # rows of the batch compared at once in the grant prefix sum
 _DETERMINISTIC = tl.constexpr(DETERMINISTIC)
@@ -251,8 +252,8 @@ def elastic_depth(pool: NodePool, cands: Candidates, frontier: Tensor, active: T
         out_frontier, out_source, out_tokens, out_score, out_active, out_budget,
         B, C, start, depth, float(tau),
         GATED=gated, HAS_DRAFTER=cands.drafter is not None, HAS_PROPOSAL=cands.proposal is not None,
-        W_DEF=w_def, W_MAX=w_max, BLOCK_B=_block(B), BLOCK_C=triton.next_power_of_2(max(C, 1)),
-        CHUNK_B=min(CHUNK, _block(B)), LIBDEVICE=dev.type == "cuda", num_warps=_warps(B),
+        W_DEF=w_def, W_MAX=w_max, BLOCK_B=block(B), BLOCK_C=block(C),
+        CHUNK_B=min(CHUNK, block(B)), LIBDEVICE=dev.type == "cuda", num_warps=_warps(B),
     )
     return out_frontier, out_source, out_tokens, out_score, out_active, out_budget
 
@@ -266,13 +267,9 @@ def elastic_select(pool: NodePool, budget: Tensor, trunc: dict, w_max: int) -> t
     widened = torch.empty(B, dtype=torch.int64, device=ts.device)
     _elastic_select_kernel[(1,)](ts, trunc["trunc_conf"], trunc["truncated"], ts.stride(0), budget,
                                  pool.keep, pool.keep.stride(0), out_budget, widened, B,
-                                 W_MAX=w_max, BLOCK_W=_block(w_max), BLOCK_B=_block(B), CHUNK_B=min(CHUNK, _block(B)),
+                                 W_MAX=w_max, BLOCK_W=block(w_max), BLOCK_B=block(B), CHUNK_B=min(CHUNK, block(B)),
                                  num_warps=_warps(B))
     return out_budget, widened
-
-
-def _block(batch: int) -> int:
-    return max(triton.next_power_of_2(batch), 2)
 
 
 def _warps(batch: int) -> int:

@@ -23,6 +23,7 @@ from torch import Tensor
 from ...core.pack import PaddedTrees
 from ...core.tree import NodePool
 from ...integration.padded import DenseVerifyTensors
+from .tiles import block
 
 _NONE = tl.constexpr(1 << 30)  # "no slot" while taking minima
 
@@ -112,7 +113,7 @@ def pad_pool(pool: NodePool, prefix_lens: Tensor, width: int) -> PaddedTrees:
                       valid=torch.empty(B, W, dtype=torch.bool, device=dev))
     _pad_pool_kernel[(B,)](pool.tokens, pool.parent, pool.depth, pool.valid, pool.keep, pool.tokens.stride(0), P,
                            prefix_lens.long().contiguous(), out.tokens, out.parents, out.depth, out.positions,
-                           out.mask, out.valid, W, BLOCK_P=_block(P), BLOCK_W=_block(W), num_warps=_warps(W))
+                           out.mask, out.valid, W, BLOCK_P=block(P), BLOCK_W=block(W), num_warps=_warps(W))
     return out
 
 
@@ -133,12 +134,8 @@ def dense_from_padded(padded: PaddedTrees, seq_lens: Tensor) -> DenseVerifyTenso
     _dense_kernel[(B,)](tokens, parents, positions, mask, valid, seq_lens.long().contiguous(),
                         out.draft_token, out.positions, out.tree_mask, out.retrieve_next_token,
                         out.retrieve_next_sibling, out.retrieve_index, out.sizes, W,
-                        BLOCK_W=_block(W), num_warps=_warps(W))
+                        BLOCK_W=block(W), num_warps=_warps(W))
     return out
-
-
-def _block(n: int) -> int:
-    return max(triton.next_power_of_2(n), 2)
 
 
 def _warps(width: int) -> int:
