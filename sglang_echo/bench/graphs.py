@@ -52,13 +52,13 @@ def time_modes(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int
 
     def graphed(stop_early: bool, fuse: bool, kernels: bool = False) -> GraphedTreeBuilder:
         policy = make_policy(name, replace(cfg, control_kernel="triton" if kernels else "torch"))
-        if not kernels:
-            return GraphedTreeBuilder(policy, drafter, batch, width, device, finish=dense_from_padded,
-                                      stop_early=stop_early, compile="inductor" if fuse else None)
-        from ..kernels.control import layout  # Triton: imported only when asked for
+        lay_out = dict(finish=dense_from_padded)
+        if kernels:
+            from ..kernels.control import layout  # Triton: imported only when asked for
 
+            lay_out = dict(pad=layout.pad_pool, finish=layout.dense_from_padded)
         return GraphedTreeBuilder(policy, drafter, batch, width, device, stop_early=stop_early,
-                                  pad=layout.pad_pool, finish=layout.dense_from_padded)
+                                  compile="inductor" if fuse else None, **lay_out)
 
     modes = {
         "eager": lambda roots, prefix: to_sglang_dense(build_trees(policy, drafter, roots)[0], prefix, width),
