@@ -34,7 +34,6 @@ DART's loader ignores.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -42,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import head_kind
+from .checkpoint import read_config, read_weights
 from .eagle3_head import ARCHITECTURE as EAGLE3_ARCHITECTURE
 from .eagle3_head import Eagle3Config, Eagle3Head, rope
 
@@ -161,26 +161,11 @@ class DartHead(Eagle3Head):
 
     @classmethod
     def load(cls, path: Path, embed: Tensor, num_target_layers: int | None = None) -> DartHead:
-        from safetensors.torch import load_file
-
-        path = Path(path)
-        cfg_file = path / "config.json"
-        if not cfg_file.exists():
-            raise FileNotFoundError(f"{path}: no config.json (not a DART head directory)")
-        raw = json.loads(cfg_file.read_text())
+        raw = read_config(path, "DART")
         cfg = DartConfig.from_hf(raw, num_target_layers)
-        if raw.get("dart_mask_embeddings") is None:  # a released DART head: infer from the tensor
-            from safetensors import safe_open
-
-            with safe_open(str(path / "model.safetensors"), framework="pt") as f:
-                cfg = replace(cfg, shared_mask=len(f.get_slice(MASK_KEY).get_shape()) == 1)
+        tensors = read_weights(path)
+        if raw.get("dart_mask_embeddings") is None and MASK_KEY in tensors:  # a released head: as stored
+            cfg = replace(cfg, shared_mask=tensors[MASK_KEY].dim() == 1)
         head = cls(cfg, embed)
-        # model*.safetensors only: an n-gram trie may sit next to the head.
-        files = sorted(path.glob("model*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"{path}: no model.safetensors")
-        tensors = {}
-        for f in files:
-            tensors.update(load_file(str(f)))
-        head.import_state({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
+        head.import_state(tensors)
         return head.to(embed.dtype)

@@ -46,7 +46,6 @@ The attention, RMSNorm and RoPE building blocks are :mod:`.eagle3_head`'s.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -55,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .checkpoint import dtype_name, read_config, read_weights, write_checkpoint
 from .eagle3_head import RMSNorm, rope
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -366,32 +366,15 @@ class DFlashHead(nn.Module):
             raise ValueError(f"DFlash checkpoint mismatch: missing {missing}, unexpected {unexpected}")
 
     def save(self, out: Path, extra_config: Optional[dict] = None, dtype: torch.dtype = torch.bfloat16) -> None:
-        from safetensors.torch import save_file
-
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        cfg = self.cfg.to_hf({"dtype": str(dtype).removeprefix("torch."), **(extra_config or {})})
-        save_file(self.export_state(dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
-        (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        hf = self.cfg.to_hf({"dtype": dtype_name(dtype), **(extra_config or {})})
+        write_checkpoint(out, self.export_state(dtype), hf)
 
     @classmethod
     def load(cls, path: Path, embed: Tensor, lm_head: Optional[Tensor] = None,
              num_target_layers: Optional[int] = None) -> DFlashHead:
-        from safetensors.torch import load_file
-
-        path = Path(path)
-        cfg_file = path / "config.json"
-        if not cfg_file.exists():
-            raise FileNotFoundError(f"{path}: no config.json (not a DFlash draft directory)")
-        cfg = DFlashConfig.from_hf(json.loads(cfg_file.read_text()), num_target_layers)
+        cfg = DFlashConfig.from_hf(read_config(path, "DFlash"), num_target_layers)
         if num_target_layers is not None and max(cfg.target_layer_ids) >= num_target_layers:
             raise ValueError(f"target_layer_ids {cfg.target_layer_ids} outside a {num_target_layers}-layer target")
         head = cls(cfg, embed, lm_head)
-        files = sorted(path.glob("model*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"{path}: no model.safetensors")
-        tensors = {}
-        for f in files:
-            tensors.update(load_file(str(f)))
-        head.import_state({k: v.float() for k, v in tensors.items()})
+        head.import_state(read_weights(path))
         return head.to(embed.dtype)

@@ -22,13 +22,14 @@ trainer's training-time-test mask and the drafter's tree-shaped KV both sit betw
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .checkpoint import dtype_name, read_config, read_weights, write_checkpoint
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # Module names here -> names in the SpecForge / sglang checkpoint (everything else is the same).
@@ -236,23 +237,11 @@ class Eagle3Head(nn.Module):
             raise ValueError(f"EAGLE-3 checkpoint mismatch: missing {missing}, unexpected {unexpected}")
 
     def save(self, out: Path, extra_config: dict | None = None, dtype: torch.dtype = torch.bfloat16) -> None:
-        from safetensors.torch import save_file
-
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        cfg = self.cfg.to_hf({"dtype": str(dtype).removeprefix("torch."), **(extra_config or {})})
-        save_file(self.export_state(dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
-        (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        hf = self.cfg.to_hf({"dtype": dtype_name(dtype), **(extra_config or {})})
+        write_checkpoint(out, self.export_state(dtype), hf)
 
     @classmethod
     def load(cls, path: Path, embed: Tensor, num_target_layers: int | None = None) -> Eagle3Head:
-        from safetensors.torch import load_file
-
-        path = Path(path)
-        cfg = Eagle3Config.from_hf(json.loads((path / "config.json").read_text()), num_target_layers)
-        head = cls(cfg, embed)
-        tensors = {}
-        for f in sorted(path.glob("*.safetensors")):
-            tensors.update(load_file(str(f)))
-        head.import_state({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
+        head = cls(Eagle3Config.from_hf(read_config(path, "EAGLE-3"), num_target_layers), embed)
+        head.import_state(read_weights(path))
         return head.to(embed.dtype)

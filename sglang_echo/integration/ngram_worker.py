@@ -55,7 +55,7 @@ from sglang_echo.drafters.ngram import NGramDrafter
 from .config import (EchoConfig, check_consistent, load_calibration_for, load_config, make_echo_policy,
                      make_step_budget)
 from .history import History
-from .metrics import EchoMetrics, TimedDrafter, timing_sync
+from .metrics import AcceptanceObservers, EchoMetrics, TimedDrafter, timing_sync
 from .padded import step_width, to_sglang_dense
 from .ragged import MARK, resolve_verify_mode, target_tokens
 
@@ -222,7 +222,7 @@ def _define_worker():
     from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-    class EchoNgramWorker(NGRAMWorker):
+    class EchoNgramWorker(AcceptanceObservers, NGRAMWorker):
         """NGRAM's worker whose draft trees are ECHO policy trees over per-request n-gram drafters."""
 
         def __init__(self, server_args, gpu_id, nccl_port, target_worker):
@@ -378,14 +378,6 @@ def _define_worker():
                         draft_forwards=st.draft_forwards, draft_s=st.draft_s + st.control_s,
                         verify_s=step_s - st.prepare_s, step_s=step_s, cap=st.cap)
             return result
-
-        def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
-            super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
-            self.echo_metrics.on_accept(num_correct_drafts_per_req)
-            if self.echo_budget is not None:
-                self.echo_budget.observe_accept(num_correct_drafts_per_req)
-            if self.echo_probe is not None:
-                self.echo_probe.on_accept(num_correct_drafts_per_req)
 
         # -- NGRAM's external-corpus API: not for ECHO ---------------------------------------------------
         def _no_external_corpus(self, *_a, **_k):

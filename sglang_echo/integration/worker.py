@@ -57,7 +57,7 @@ from .config import (EchoConfig, check_consistent, configured_drafter, load_cali
                      make_echo_policy, make_step_budget)
 from .drafter import EagleFrontierDrafter
 from .lazy_extend import DraftBacklog, catch_up, defer_extend, pool_slots, root_positions
-from .metrics import EchoMetrics, TimedDrafter, _noop, timing_sync
+from .metrics import AcceptanceObservers, EchoMetrics, TimedDrafter, _noop, timing_sync
 from .padded import plain_dense, step_width, to_sglang_dense
 from .ragged import MARK, resolve_verify_mode, target_tokens
 
@@ -351,7 +351,7 @@ class EchoDraftWorker(EagleDraftWorker):
         batch_result.logits_output.hidden_states = None
 
 
-class EchoWorker(EAGLEWorkerV2):
+class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
     """``EAGLEWorkerV2`` running ECHO (or any core policy), ragged or padded-dense verify."""
 
     echo_budget = None  # budget cost: set by init_attention_backends (ragged or padded decides the cost)
@@ -498,11 +498,3 @@ class EchoWorker(EAGLEWorkerV2):
             finalize_tree_path=width > 1,  # compacts accepted branches to the front: nothing to move at W_s = 1
             grammar_barrier=grammar_barrier,
         )
-
-    def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
-        super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
-        self.echo_metrics.on_accept(num_correct_drafts_per_req)
-        if self.echo_budget is not None:
-            self.echo_budget.observe_accept(num_correct_drafts_per_req)
-        if self.echo_probe is not None:
-            self.echo_probe.on_accept(num_correct_drafts_per_req)

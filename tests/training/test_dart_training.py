@@ -20,8 +20,9 @@ from sglang_echo.training.dart import (
 )
 from sglang_echo.training.eagle3 import init_head
 from sglang_echo.training.features import Sequence
-from sglang_echo.training.trainer import TrainConfig, train
+from sglang_echo.training.trainer import TrainConfig
 from tests.drafters.test_dart import DT, VD, H, V, make_head, naive_shifted_logits
+from tests.training.resume import train_interrupted_and_resumed
 
 
 def _sequences(n: int, seed: int = 0, period: int = 0, dtype=DT) -> list[Sequence]:
@@ -92,29 +93,11 @@ def test_training_learns_a_pattern_and_resumes_exactly(tmp_path):
     def loss_fn(model, batch):
         return dart_loss(model, batch)
 
-    full = _fresh_head()
-    before = dart_loss(full, collate(seqs))[0].item()
-    report = train(full, loss_fn, lambda out: full.save(out, dtype=torch.float32), seqs, seqs[:2], cfg, tmp_path / "a")
+    before = dart_loss(_fresh_head(), collate(seqs))[0].item()
+    full, report = train_interrupted_and_resumed(_fresh_head, loss_fn, seqs, cfg, tmp_path)
     after = dart_loss(full, collate(seqs))[0].item()
     assert after < 0.5 * before
     assert report["eval_top1_per_step"][0] > 0.5 and len(report["eval_top1_per_step"]) == full.cfg.depth
-
-    calls = {"n": 0}
-
-    def crashing(model, batch):
-        calls["n"] += 1
-        if calls["n"] == 6:
-            raise KeyboardInterrupt
-        return loss_fn(model, batch)
-
-    part = _fresh_head()
-    with pytest.raises(KeyboardInterrupt):
-        train(part, crashing, lambda out: part.save(out, dtype=torch.float32), seqs, [], cfg, tmp_path / "b")
-    assert json.loads((tmp_path / "b" / "checkpoint" / "state.json").read_text())["step"] == 4
-    resumed = _fresh_head()
-    train(resumed, loss_fn, lambda out: resumed.save(out, dtype=torch.float32), seqs, [], cfg, tmp_path / "b")
-    for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
-        assert torch.allclose(a, b, atol=1e-6), name
 
 
 def test_cli_trains_a_dart_head_with_the_target_as_teacher(tmp_path, smollm2_dir):

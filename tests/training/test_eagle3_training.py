@@ -20,6 +20,7 @@ from sglang_echo.training.eagle3 import draft_vocab, init_head, ttt_loss, ttt_un
 from sglang_echo.training.features import Sequence
 from sglang_echo.training.trainer import TrainConfig, resolve_precision, train
 from tests.drafters.test_eagle3 import DT, H, V, VD, make_head, reference_logps
+from tests.training.resume import train_interrupted_and_resumed
 
 
 def _sequences(n: int, seed: int = 0, period: int = 0) -> list[Sequence]:
@@ -109,30 +110,11 @@ def test_training_learns_a_pattern_and_resumes_exactly(tmp_path, monkeypatch):
     def loss_fn(model, batch):
         return ttt_loss(model, batch, steps=2)
 
-    full = _fresh_head()
-    before = ttt_loss(full, collate(seqs), 2)[0].item()
-    report = train(full, loss_fn, lambda out: full.save(out, dtype=torch.float32), seqs, seqs[:2], cfg, tmp_path / "a")
+    before = ttt_loss(_fresh_head(), collate(seqs), 2)[0].item()
+    full, report = train_interrupted_and_resumed(_fresh_head, loss_fn, seqs, cfg, tmp_path)
     after = ttt_loss(full, collate(seqs), 2)[0].item()
     assert after < 0.5 * before
     assert report["eval_top1_per_step"][0] > 0.5
-
-    # Interrupt a second run after its first checkpoint, then resume it: same final weights.
-    calls = {"n": 0}
-
-    def crashing(model, batch):
-        calls["n"] += 1
-        if calls["n"] == 6:
-            raise KeyboardInterrupt
-        return loss_fn(model, batch)
-
-    part = _fresh_head()
-    with pytest.raises(KeyboardInterrupt):
-        train(part, crashing, lambda out: part.save(out, dtype=torch.float32), seqs, [], cfg, tmp_path / "b")
-    assert json.loads((tmp_path / "b" / "checkpoint" / "state.json").read_text())["step"] == 4
-    resumed = _fresh_head()
-    train(resumed, loss_fn, lambda out: resumed.save(out, dtype=torch.float32), seqs, [], cfg, tmp_path / "b")
-    for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
-        assert torch.allclose(a, b, atol=1e-6), name
 
 
 def test_bf16_autocast_trains_fp32_weights(tmp_path):
