@@ -319,7 +319,8 @@ def run(args: argparse.Namespace) -> Report:
         settings={"model": str(model), "draft": str(draft), "heads": {d: str(h) for d, h in heads.items()},
                   "dtype": args.dtype, "max_new": args.max_new, "max_new_jitter": args.max_new_jitter,
                   "concurrency": levels, "prompts": len(pool), "per_set": args.per_set,
-                  "echo_drafter": args.echo_drafter, "calibration": args.calibration},
+                  "echo_drafter": args.echo_drafter, "calibration": args.calibration,
+                  "max_total_tokens": args.max_total_tokens},
     )
     bench = _Bench(args, model, heads, pick, levels, pool, datasets)
     names = args.configs.split(",")
@@ -380,7 +381,8 @@ class _Server:
                   f"calibration {env.get('SGLANG_ECHO_CALIBRATION', 'none (paper gates)')}", flush=True)
         self.opts = ServerOptions(model_path=bench.model, port=port, spec=self.spec, draft_path=head,
                                   spec_options=knobs, dtype=args.dtype, max_running_requests=max(bench.levels),
-                                  enable_metrics=True, extra_env=tuple(env.items()))
+                                  max_total_tokens=args.max_total_tokens, enable_metrics=True,
+                                  extra_env=tuple(env.items()))
         self.nominal = knobs.num_steps if self.spec == "eagle3" else None
         self.srv: Optional[SGLangServer] = None
 
@@ -458,6 +460,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="spread each request's max new tokens over max-new +- this (a fixed pattern), so that "
                          "plain decoding's requests do not finish in step")
     ap.add_argument("--dtype", default="float32", help="float32 keeps the token-for-token check exact")
+    ap.add_argument("--max-total-tokens", type=int, default=None,
+                    help="every server's KV pool in tokens (default: make serve's, 16,384 on CPUs); speculative "
+                         "servers reserve draft slots per running request, so at high concurrency the pool decides "
+                         "how many requests they admit")
     ap.add_argument("--draft", default=None, help="EAGLE-3 head (default: the shipped head)")
     ap.add_argument("--echo-drafter", choices=DRAFTERS, default="eagle3",
                     help="the drafter of the echo* configs (echo-dart and echo-ngram pin theirs)")

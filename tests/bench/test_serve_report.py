@@ -194,3 +194,21 @@ def test_max_new_jitter_spreads_budgets_the_same_way_every_time():
     assert min(budgets) == 32 and max(budgets) == 96 and sum(budgets) == 64 * 130  # two full cycles of 65
     assert len(set(budgets[:8])) == 8  # one closed-loop wave of 8 finishes at 8 different steps
     assert min(max_new_tokens(4, 10, 30)) >= 1
+
+
+def test_max_total_tokens_reaches_every_server(monkeypatch):
+    """--max-total-tokens sizes each config's KV pool (the default stays make serve's)."""
+    from types import SimpleNamespace
+
+    from sglang_echo.bench import serve
+    from sglang_echo.serve.flags import build_command
+
+    monkeypatch.setattr("sglang_echo.serve.flags.resolve_device", lambda _d: "cpu")
+    for pool, want in ((65536, "65536"), (None, "16384")):
+        args = SimpleNamespace(dtype="float32", max_total_tokens=pool, echo_drafter="eagle3", calibration=None)
+        bench = SimpleNamespace(args=args, heads={"eagle3": "/heads/eagle3"}, pick=None, levels=[8, 256],
+                                model="/models/target")
+        for name in ("none", "eagle3", "echo-cost"):
+            argv = build_command(serve._Server(bench, name, 30400).opts).argv
+            assert argv[argv.index("--max-total-tokens") + 1] == want
+            assert argv[argv.index("--max-running-requests") + 1] == "256"
