@@ -1,9 +1,10 @@
 """Kernel launches per ECHO step of the GPU server's control plane, eager vs the fused Triton path.
 
 Counts, on any machine, what a captured step replays: every torch op that launches a GPU kernel
-(:class:`~sglang_echo.bench.scheduler.OpCounter`) and every Triton program. The step is :class:`~sglang_echo.core.graphs.GraphedTreeBuilder`'s stages
-run eagerly with every depth drafted (what its graphs hold, plus the copies of each depth's
-candidates into the graphs' input buffers, one multi-tensor copy), drafter excluded, batch 256:
+(:class:`~sglang_echo.bench.scheduler.OpCounter`) and every Triton program. The step is
+:class:`~sglang_echo.core.graphs.GraphedTreeBuilder`'s stages run eagerly with every depth drafted
+(what its graphs hold, plus the copies of each depth's candidates into the graphs' input buffers,
+one multi-tensor copy), drafter excluded, batch 256:
 
     python benchmarks/control_launches.py [--batch 256]
 

@@ -38,16 +38,14 @@ def read_weights(path: Path) -> dict[str, Tensor]:
     return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
 
 
-def write_checkpoint(out: Path, tensors: dict[str, Tensor], hf_config: dict) -> None:
-    """One ``model.safetensors`` and its ``config.json`` in ``out`` (created if needed)."""
+def write_checkpoint(out: Path, head, dtype: torch.dtype, extra_config: dict | None = None) -> None:
+    """``head`` in ``out`` (created if needed): its ``export_state(dtype)`` as ``model.safetensors``
+    and its ``cfg.to_hf`` as ``config.json``, which names the stored dtype as Hugging Face spells
+    it (``"bfloat16"``)."""
     from safetensors.torch import save_file
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    hf_config = head.cfg.to_hf({"dtype": str(dtype).removeprefix("torch."), **(extra_config or {})})
+    save_file(head.export_state(dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"``, as Hugging Face configs spell it."""
-    return str(dtype).removeprefix("torch.")

@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoint import dtype_name, read_config, read_weights, write_checkpoint
+from .checkpoint import read_config, read_weights, write_checkpoint
 from .eagle3_head import RMSNorm, rope
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -366,8 +366,7 @@ class DFlashHead(nn.Module):
             raise ValueError(f"DFlash checkpoint mismatch: missing {missing}, unexpected {unexpected}")
 
     def save(self, out: Path, extra_config: Optional[dict] = None, dtype: torch.dtype = torch.bfloat16) -> None:
-        hf = self.cfg.to_hf({"dtype": dtype_name(dtype), **(extra_config or {})})
-        write_checkpoint(out, self.export_state(dtype), hf)
+        write_checkpoint(out, self, dtype, extra_config)
 
     @classmethod
     def load(cls, path: Path, embed: Tensor, lm_head: Optional[Tensor] = None,

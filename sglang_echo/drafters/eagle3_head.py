@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoint import dtype_name, read_config, read_weights, write_checkpoint
+from .checkpoint import read_config, read_weights, write_checkpoint
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # Module names here -> names in the SpecForge / sglang checkpoint (everything else is the same).
@@ -237,8 +237,7 @@ class Eagle3Head(nn.Module):
             raise ValueError(f"EAGLE-3 checkpoint mismatch: missing {missing}, unexpected {unexpected}")
 
     def save(self, out: Path, extra_config: dict | None = None, dtype: torch.dtype = torch.bfloat16) -> None:
-        hf = self.cfg.to_hf({"dtype": dtype_name(dtype), **(extra_config or {})})
-        write_checkpoint(out, self.export_state(dtype), hf)
+        write_checkpoint(out, self, dtype, extra_config)
 
     @classmethod
     def load(cls, path: Path, embed: Tensor, num_target_layers: int | None = None) -> Eagle3Head:
