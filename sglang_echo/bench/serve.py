@@ -38,6 +38,7 @@ from typing import Optional
 
 from ..integration.config import DRAFTERS
 from ..models.prompts import load_mixed
+from ..platform import step_times
 from ..serve.client import Generation, generate
 from ..serve.flags import ServerOptions, SpecOptions
 from ..serve.server import SGLangServer
@@ -123,6 +124,7 @@ class Run:
     echo: dict | None = None  # echo_deltas() of the level (ECHO servers with metrics)
     repeat: int = 0  # which pass over the configs (--repeats): speedups compare runs of one pass
     server_cpu_s: float | None = None  # CPU seconds the server's processes used during the level
+    step_times: dict | None = None  # step_times.delta() of the level (CPU-platform servers)
 
     @property
     def tokens_per_s(self) -> float:
@@ -382,7 +384,7 @@ class _Server:
         self.opts = ServerOptions(model_path=bench.model, port=port, spec=self.spec, draft_path=head,
                                   spec_options=knobs, dtype=args.dtype, max_running_requests=max(bench.levels),
                                   max_total_tokens=args.max_total_tokens, enable_metrics=True,
-                                  extra_env=tuple(env.items()))
+                                  extra_env=tuple({step_times.ENV: "1", **env}.items()))
         self.nominal = knobs.num_steps if self.spec == "eagle3" else None
         self.srv: Optional[SGLangServer] = None
 
@@ -407,11 +409,13 @@ class _Server:
         sets = (bench.datasets * (1 + n // len(bench.datasets)))[:n]
         echo = self.spec == "echo"
         before = scrape_echo_metrics(url) if echo else {}
+        steps_before = self._step_times()
         budgets = max_new_tokens(bench.args.max_new, bench.args.max_new_jitter, n)
         cpu0 = self.srv.cpu_seconds()
         seconds, outs, latencies = _one_level(url, prompts, c, budgets)
         cpu_s = self.srv.cpu_seconds() - cpu0
         after = scrape_echo_metrics(url) if echo else {}
+        level_steps = step_times.delta(steps_before, self._step_times()) if steps_before is not None else None
         ids = [o.output_ids for o in outs]
         steps = sum(int(o.meta.get("spec_verify_ct", 0)) for o in outs)
         # None: this is the reference, or the run has no `none` to compare with (yet)
@@ -421,9 +425,17 @@ class _Server:
         per_request = [request_record(o.meta, o.output_ids, self.nominal, ds, lat)
                        for o, ds, lat in zip(outs, sets, latencies)]
         r = Run(name, c, len(prompts), seconds, sum(len(i) for i in ids), steps, lossless, self.srv.startup_seconds,
-                self.nominal, per_request, echo_deltas(before, after), rep, cpu_s)
+                self.nominal, per_request, echo_deltas(before, after), rep, cpu_s, level_steps)
         print(_progress(r), flush=True)
         return r
+
+    def _step_times(self) -> dict | None:
+        """The server's step-time totals once its log has caught up with its last step (None:
+        not a CPU-platform server, which has no step timer)."""
+        if self.srv.command.device != "cpu":
+            return None
+        time.sleep(step_times.LOG_EVERY_S + 0.5)
+        return step_times.read_step_times(self.srv.log_path) or {}
 
 
 def _progress(r: Run) -> str:

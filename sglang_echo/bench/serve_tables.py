@@ -111,7 +111,7 @@ def markdown(report: Report) -> str:
         lines.append(f"| {_label(r)} | {r.concurrency} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | "
                      f"{startup} | {_f(cpu, '.1f')} | {saving} |")
     for section in (repeats_table(report.runs), utilisation_table(report.runs), budget_table(report.runs),
-                    table1(report.runs)):
+                    step_table(report.runs), table1(report.runs)):
         if section:
             lines += ["", *section]
     return "\n".join(lines) + "\n"
@@ -152,6 +152,41 @@ def budget_table(runs: list[Run]) -> list[str]:
                    f"{_f(e.get('step_verified_max'), '.0f')} | {_f(e.get('k_max'), '.0f')} | "
                    f"{_f(e.get('cap_per_step'), '.1f')} | {_f(e.get('step_ms'))} | "
                    f"{_f(e.get('control_ms'), '.3f')} | {_f(share and 100 * share, '.2f', '%')} | {ok} |")
+    return out
+
+
+def _steps(cells: dict[str, list[float]]) -> tuple[int, float, float]:
+    """Steps, seconds and mean batch size of one kind's ``{batch size: [steps, seconds]}``."""
+    n = sum(c[0] for c in cells.values())
+    return int(n), sum(c[1] for c in cells.values()), sum(int(b) * c[0] for b, c in cells.items()) / n if n else 0.0
+
+
+def _full_batch_ms(r: Run) -> float | None:
+    """ms per decode step with all ``concurrency`` requests in the batch (None if none ran)."""
+    n, s = (r.step_times or {}).get("decode", {}).get(str(r.concurrency), [0, 0.0])
+    return 1e3 * s / n if n else None
+
+
+def step_table(runs: list[Run]) -> list[str]:
+    """The scheduler's own step times per level (``platform.step_times``, CPU servers): a decode
+    step's cost at a full batch side by side with ``none``'s, and the prefill forwards that
+    admitted the level's requests."""
+    rows = [r for r in runs if r.step_times]
+    if not rows:
+        return []
+    base = _none_values(rows, _full_batch_ms)
+    out = ["Scheduler steps per level (server log, `SGLANG_ECHO_STEP_TIMES`; a decode step of a speculative "
+           "server is its whole draft-verify-extend step):", "",
+           ("| config | concurrency | decode steps | decode s | mean decode batch | ms/step at batch = concurrency | "
+            "vs none | prefill forwards | prefill s |"),
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        dn, ds, db = _steps(r.step_times.get("decode", {}))
+        pn, ps, _ = _steps(r.step_times.get("prefill", {}))
+        full, ref = _full_batch_ms(r), base.get((r.repeat, r.concurrency))
+        ratio = f"{full / ref:.3f}x" if full and ref and r.config != "none" else "-"
+        out.append(f"| {_label(r)} | {r.concurrency} | {dn} | {ds:.1f} | {db:.1f} | {_f(full, '.1f')} | {ratio} | "
+                   f"{pn} | {ps:.1f} |")
     return out
 
 

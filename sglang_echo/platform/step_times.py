@@ -4,9 +4,11 @@
 Whole-run tokens/s mixes what a decode step costs with prefills and the host's drift. This
 measures the step itself on both sides of a comparison: sglang's decode step in a server without
 speculation, ECHO's step (draft, verify, draft extend) in an ECHO server, each at every batch size.
-``Scheduler.run_batch`` is timed through sglang's HookRegistry (an AROUND hook), and every
-``LOG_EVERY_S`` seconds the running totals go to the server log as one ``echo-step-times`` JSON
-line; :func:`read_step_times` takes the last such line of a log.
+``Scheduler.run_batch`` is timed through sglang's HookRegistry (an AROUND hook). A daemon thread
+of the scheduler process writes the running totals to the server log as one ``echo-step-times``
+JSON line every ``LOG_EVERY_S`` seconds in which they changed, so the last line holds every step
+up to ``LOG_EVERY_S`` after the server went idle; :func:`read_step_times` takes that line, and
+:func:`delta` what a stretch of work (one benchmark level) added to it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -23,40 +26,73 @@ logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_ECHO_STEP_TIMES"
 TAG = "echo-step-times"
-LOG_EVERY_S = 10.0
+LOG_EVERY_S = 1.0
 RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+
+# {kind: {batch size (a string: JSON keys): [steps, seconds]}}
+Snapshot = dict[str, dict[str, list[float]]]
 
 
 class StepTimes:
     """Running ``[steps, seconds]`` per ``(kind, batch size)``: kind ``decode`` (decode and target
-    verify: one scheduler step of generation) or ``prefill`` (any extend)."""
+    verify: one scheduler step of generation) or ``prefill`` (any extend). Thread safe: the
+    scheduler thread adds, the flusher thread takes snapshots."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.clock = clock
+    def __init__(self) -> None:
         self.totals: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0, 0.0])
-        self._logged = clock()
+        self._lock = threading.Lock()
+        self._changed = False
 
     def add(self, kind: str, batch_size: int, seconds: float) -> None:
-        cell = self.totals[(kind, batch_size)]
-        cell[0] += 1
-        cell[1] += seconds
+        with self._lock:
+            cell = self.totals[(kind, batch_size)]
+            cell[0] += 1
+            cell[1] += seconds
+            self._changed = True
 
-    def snapshot(self) -> dict[str, dict[str, list[float]]]:
-        """``{kind: {batch size: [steps, seconds]}}`` (JSON keys are strings)."""
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return self._snapshot()
+
+    def take_changed(self) -> Optional[Snapshot]:
+        """The snapshot if anything was added since the last call, else None."""
+        with self._lock:
+            if not self._changed:
+                return None
+            self._changed = False
+            return self._snapshot()
+
+    def _snapshot(self) -> Snapshot:
         out: dict[str, dict[str, list[float]]] = defaultdict(dict)
         for (kind, bs), (n, s) in sorted(self.totals.items()):
             out[kind][str(bs)] = [int(n), round(s, 6)]
         return dict(out)
 
-    def due(self) -> bool:
-        now = self.clock()
-        if now - self._logged < LOG_EVERY_S:
-            return False
-        self._logged = now
-        return True
-
 
 _TIMES = StepTimes()
+_flusher_pid: Optional[int] = None
+
+
+def flush() -> None:
+    """Log the totals if they changed since the last flush."""
+    snap = _TIMES.take_changed()
+    if snap is not None:
+        logger.info("%s %s", TAG, json.dumps(snap))
+
+
+def _flush_forever() -> None:
+    while True:
+        time.sleep(LOG_EVERY_S)
+        flush()
+
+
+def _start_flusher() -> None:
+    """One flusher thread per process that times steps (threads do not survive sglang's fork of
+    its scheduler, so the scheduler starts its own on its first step)."""
+    global _flusher_pid
+    if _flusher_pid != os.getpid():
+        _flusher_pid = os.getpid()
+        threading.Thread(target=_flush_forever, name="echo-step-times", daemon=True).start()
 
 
 def _timed_run_batch(original: Callable[..., Any], scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -66,8 +102,7 @@ def _timed_run_batch(original: Callable[..., Any], scheduler: Any, batch: Any, *
     kind = "decode" if mode.is_decode() or mode.is_target_verify() else "prefill" if mode.is_extend() else None
     if kind is not None:
         _TIMES.add(kind, len(batch.reqs), time.perf_counter() - t0)
-        if _TIMES.due():
-            logger.info("%s %s", TAG, json.dumps(_TIMES.snapshot()))
+        _start_flusher()
     return result
 
 
@@ -77,7 +112,7 @@ def register(hooks: Any, around: Any) -> None:
         hooks.register(RUN_BATCH, _timed_run_batch, around)
 
 
-def read_step_times(log: Path) -> Optional[dict[str, dict[str, list[float]]]]:
+def read_step_times(log: Path) -> Optional[Snapshot]:
     """The last step-times line of a server log (None if it has none)."""
     last = None
     with open(log, errors="replace") as fh:
@@ -85,6 +120,18 @@ def read_step_times(log: Path) -> Optional[dict[str, dict[str, list[float]]]]:
             if TAG in line:
                 last = line
     return None if last is None else json.loads(last.split(TAG, 1)[1])
+
+
+def delta(before: Optional[Snapshot], after: Optional[Snapshot]) -> Snapshot:
+    """What happened between two snapshots of one server (cells that did not change left out)."""
+    before = before or {}
+    out: dict[str, dict[str, list[float]]] = {}
+    for kind, cells in (after or {}).items():
+        for bs, (n, s) in cells.items():
+            n0, s0 = before.get(kind, {}).get(bs, [0, 0.0])
+            if n > n0:
+                out.setdefault(kind, {})[bs] = [int(n - n0), round(s - s0, 6)]
+    return out
 
 
 def compare(logs: dict[str, Path], kind: str = "decode", min_steps: int = 20) -> str:

@@ -212,3 +212,46 @@ def test_max_total_tokens_reaches_every_server(monkeypatch):
             argv = build_command(serve._Server(bench, name, 30400).opts).argv
             assert argv[argv.index("--max-total-tokens") + 1] == want
             assert argv[argv.index("--max-running-requests") + 1] == "256"
+
+
+def test_step_table_compares_full_batch_steps_within_a_pass():
+    """Each level's scheduler steps (server log): ms per decode step at batch = concurrency against
+    none's of the same pass, and the prefill forwards that admitted the level."""
+    runs = [Run("none", 8, 8, 2.0, 64, 0, None, step_times={"decode": {"8": [10, 1.0], "3": [2, 0.1]},
+                                                              "prefill": {"8": [1, 0.4]}}),
+            Run("echo", 8, 8, 2.0, 64, 32, True, step_times={"decode": {"8": [5, 0.55]},
+                                                               "prefill": {"4": [2, 0.3], "8": [1, 0.5]}}),
+            Run("eagle3", 8, 8, 2.0, 64, 32, True)]  # no step times (older file, GPU server): left out
+    md = markdown(Report({"platform": "test", "cpus": 2}, {}, runs))
+    assert "| none | 8 | 12 | 1.1 | 7.2 | 100.0 | - | 1 | 0.4 |" in md
+    assert "| echo | 8 | 5 | 0.6 | 8.0 | 110.0 | 1.100x | 3 | 0.8 |" in md
+    assert "| eagle3 | 8 |" not in md.split("Scheduler steps")[1]
+
+
+def test_step_times_are_taken_around_each_level_from_the_server_log(monkeypatch, tmp_path):
+    """measure() reads the CPU server's step-time totals before and after the level and keeps the
+    difference; GPU servers (no step timer) get none."""
+    from types import SimpleNamespace
+
+    from sglang_echo.bench import serve
+    from sglang_echo.platform import step_times
+
+    log = tmp_path / "server.log"
+    log.write_text(f'[t] {step_times.TAG} {{"decode": {{"2": [4, 0.4]}}}}\n')
+
+    def one_level(url, texts, c, budgets):
+        with open(log, "a") as fh:
+            fh.write(f'[t] {step_times.TAG} {{"decode": {{"2": [9, 0.9]}}, "prefill": {{"2": [1, 0.2]}}}}\n')
+        outs = [SimpleNamespace(output_ids=[1, 2], meta={}) for _ in texts]
+        return 1.0, outs, [1.0] * len(texts)
+
+    monkeypatch.setattr(serve, "_one_level", one_level)
+    monkeypatch.setattr(step_times, "LOG_EVERY_S", 0.0)
+    args = SimpleNamespace(rounds=1, max_new=4, max_new_jitter=0)
+    bench = SimpleNamespace(args=args, pool=["a", "b"], datasets=["x", "y"], reference={})
+    for device, want in (("cpu", {"decode": {"2": [5, 0.5]}, "prefill": {"2": [1, 0.2]}}), ("cuda", None)):
+        srv = SimpleNamespace(base_url="http://x", log_path=log, command=SimpleNamespace(device=device),
+                              cpu_seconds=lambda: 0.0, startup_seconds=1.0)
+        server = object.__new__(serve._Server)
+        server.bench, server.name, server.spec, server.nominal, server.srv = bench, "none", "none", None, srv
+        assert server.measure(2, 0).step_times == want

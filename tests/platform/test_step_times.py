@@ -4,6 +4,7 @@ size, logs its totals, and the comparison reads them back from server logs."""
 from __future__ import annotations
 
 import logging
+import time
 from types import SimpleNamespace
 
 from sglang_echo.platform import step_times
@@ -19,10 +20,9 @@ def _batch(mode: str, bs: int):
 
 
 def test_run_batch_is_timed_by_kind_and_batch_size(monkeypatch, caplog):
-    ticks = iter(range(1000))
-    times = step_times.StepTimes(clock=lambda: float(next(ticks)))
+    times = step_times.StepTimes()
     monkeypatch.setattr(step_times, "_TIMES", times)
-    monkeypatch.setattr(step_times, "LOG_EVERY_S", 0.0)  # log after every step
+    monkeypatch.setattr(step_times, "_start_flusher", lambda: None)  # flushed by hand below
     calls = []
 
     def run_batch(scheduler, batch):
@@ -32,10 +32,33 @@ def test_run_batch_is_timed_by_kind_and_batch_size(monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger=step_times.__name__):
         for mode, bs in [("decode", 8), ("verify", 8), ("extend", 3), ("idle", 0)]:
             assert step_times._timed_run_batch(run_batch, object(), _batch(mode, bs)) == "result"
+        step_times.flush()
+        step_times.flush()  # nothing new: no second line
     assert len(calls) == 4
     snap = times.snapshot()
     assert snap["decode"]["8"][0] == 2 and snap["prefill"]["3"][0] == 1 and set(snap) == {"decode", "prefill"}
-    assert step_times.TAG in caplog.records[-1].getMessage()
+    lines = [r.getMessage() for r in caplog.records if step_times.TAG in r.getMessage()]
+    assert len(lines) == 1 and '"8": [2,' in lines[0]
+
+
+def test_the_flusher_logs_the_last_steps_without_another_step(monkeypatch, caplog):
+    """The last totals reach the log although no step follows them (the level ended)."""
+    monkeypatch.setattr(step_times, "_TIMES", step_times.StepTimes())
+    monkeypatch.setattr(step_times, "LOG_EVERY_S", 0.01)
+    monkeypatch.setattr(step_times, "_flusher_pid", None)
+    with caplog.at_level(logging.INFO, logger=step_times.__name__):
+        step_times._timed_run_batch(lambda s, b: None, object(), _batch("decode", 4))
+        deadline = time.monotonic() + 5
+        while not any(step_times.TAG in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert any('"decode": {"4": [1,' in r.getMessage() for r in caplog.records)
+
+
+def test_delta_is_what_a_level_added():
+    before = {"decode": {"8": [10, 1.0]}, "prefill": {"2": [1, 0.5]}}
+    after = {"decode": {"8": [15, 1.75], "4": [2, 0.2]}, "prefill": {"2": [1, 0.5]}}
+    assert step_times.delta(before, after) == {"decode": {"8": [5, 0.75], "4": [2, 0.2]}}
+    assert step_times.delta(None, after)["prefill"] == {"2": [1, 0.5]}
 
 
 def test_compare_reads_the_last_line_of_each_log(tmp_path):
