@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -42,6 +41,7 @@ from ..platform import step_times
 from ..serve.client import Generation, generate
 from ..serve.flags import ServerOptions, SpecOptions
 from ..serve.server import SGLangServer
+from .level_metrics import echo_deltas, scrape_echo_metrics, settled_step_times
 from .machine import describe
 from .serve_tables import markdown, quartiles
 
@@ -207,69 +207,6 @@ def request_record(meta: dict, output_ids: list[int], nominal_depth: int | None 
     return rec
 
 
-# -- the server's echo_* counters around a level ---------------------------------------------------
-_SAMPLE = re.compile(r"^(echo_\w+)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|[+-]Inf)\s*$")
-
-
-def parse_echo_metrics(text: str) -> dict[str, float]:
-    """The unlabelled ``echo_*`` samples of a Prometheus text page (labelled ones: name{labels})."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
-
-
-def scrape_echo_metrics(base_url: str) -> dict[str, float]:
-    """``parse_echo_metrics`` of ``/metrics`` ({} if the server exports none or is unreachable)."""
-    import requests
-
-    try:
-        r = requests.get(base_url + "/metrics", timeout=30)
-        return parse_echo_metrics(r.text) if r.ok else {}
-    except requests.RequestException:
-        return {}
-
-
-def echo_deltas(before: dict[str, float], after: dict[str, float]) -> dict | None:
-    """What one level added to the ``echo_*`` counters: steps, verified tokens per step (sum of
-    K_i, roots included) against K_max, and seconds per phase with the control share of the
-    step time. None if the server exported no ECHO counters."""
-    if "echo_steps_total" not in after:
-        return None
-
-    def d(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
-
-    steps, timed, verified = d("echo_steps_total"), d("echo_timed_steps_total"), d("echo_verified_tokens_total")
-    step_s, control_s = d("echo_step_seconds_total"), d("echo_control_seconds_total")
-    out = {
-        "steps": steps,
-        "verified_tokens": verified,
-        "target_tokens": d("echo_target_tokens_total"),
-        "accepted_tokens": d("echo_accepted_tokens_total"),
-        "verified_per_step": verified / steps if steps else None,
-        # a max-mode gauge: the largest step since the server started, not only this level's
-        "step_verified_max": after.get("echo_step_verified_tokens_max"),
-        "k_max": after.get("echo_budget_k_max"),
-        # the mean per-step cap: K_max with budget fixed, the cost model's caps with budget cost
-        "cap_per_step": d("echo_budget_cap_tokens_total") / steps if steps and "echo_budget_cap_tokens_total" in after else None,
-        "budget_exceeded": d("echo_budget_exceeded_total"),
-        "timed_steps": timed,
-        "control_s": control_s,
-        "draft_s": d("echo_draft_seconds_total"),
-        "verify_s": d("echo_verify_seconds_total"),
-        "step_s": step_s,
-        "control_share": control_s / step_s if step_s > 0 else None,
-        "step_ms": 1e3 * step_s / timed if timed else None,
-        "control_ms": 1e3 * control_s / timed if timed else None,
-    }
-    if out["verified_per_step"] is not None and out["k_max"]:
-        out["budget_fill"] = out["verified_per_step"] / out["k_max"]
-    return out
-
-
 def max_new_tokens(max_new: int, jitter: int, n: int) -> list[int]:
     """Each request's token budget: ``max_new``, or with ``jitter`` spread over ``max_new +- jitter``
     by a fixed pattern (the same in every config and pass). Equal budgets keep the requests of a
@@ -409,13 +346,13 @@ class _Server:
         sets = (bench.datasets * (1 + n // len(bench.datasets)))[:n]
         echo = self.spec == "echo"
         before = scrape_echo_metrics(url) if echo else {}
-        steps_before = self._step_times()
+        steps_before = settled_step_times(self.srv)
         budgets = max_new_tokens(bench.args.max_new, bench.args.max_new_jitter, n)
         cpu0 = self.srv.cpu_seconds()
         seconds, outs, latencies = _one_level(url, prompts, c, budgets)
         cpu_s = self.srv.cpu_seconds() - cpu0
         after = scrape_echo_metrics(url) if echo else {}
-        level_steps = step_times.delta(steps_before, self._step_times()) if steps_before is not None else None
+        level_steps = step_times.delta(steps_before, settled_step_times(self.srv)) if steps_before is not None else None
         ids = [o.output_ids for o in outs]
         steps = sum(int(o.meta.get("spec_verify_ct", 0)) for o in outs)
         # None: this is the reference, or the run has no `none` to compare with (yet)
@@ -429,13 +366,6 @@ class _Server:
         print(_progress(r), flush=True)
         return r
 
-    def _step_times(self) -> dict | None:
-        """The server's step-time totals once its log has caught up with its last step (None:
-        not a CPU-platform server, which has no step timer)."""
-        if self.srv.command.device != "cpu":
-            return None
-        time.sleep(step_times.LOG_EVERY_S + 0.5)
-        return step_times.read_step_times(self.srv.log_path) or {}
 
 
 def _progress(r: Run) -> str:

@@ -6,16 +6,8 @@ import json
 
 import pytest
 
-from sglang_echo.bench.serve import (
-    Report,
-    Run,
-    echo_deltas,
-    markdown,
-    parse_echo_metrics,
-    quartiles,
-    report_from_json,
-    request_record,
-)
+from sglang_echo.bench.level_metrics import echo_deltas, parse_echo_metrics
+from sglang_echo.bench.serve import Report, Run, markdown, quartiles, report_from_json, request_record
 from sglang_echo.bench.serve_tables import cpu_savings, speedups
 
 # What an ECHO server's /generate returns for one request: 3 verify steps with trees of depth
