@@ -74,6 +74,21 @@ def with_shipped_calibration(opts: ServerOptions) -> ServerOptions:
     return replace(opts, extra_env=opts.extra_env + (("SGLANG_ECHO_CALIBRATION", str(path)),))
 
 
+def with_cpu_budget(opts: ServerOptions, device: str) -> ServerOptions:
+    """ECHO on a CPU sets each step's cap from its measured costs (``budget: cost``) unless the
+    user configured a budget (``SGLANG_ECHO_BUDGET``, or any ``SGLANG_ECHO_CONFIG`` file).
+
+    A CPU's verify pass is compute-bound from the first token, so the fixed K_max that pays at
+    one request makes a batch of 8-32 slower than plain decoding (0.75x / 0.66x,
+    ``benchmarks/results/serve-smollm2-interleaved``), where the cost budget decides on plain
+    decoding (0.94x / 0.97x in the same run) and still drafts at one request. GPUs keep ECHO's
+    fixed K_max: the cost model needs device times, which cost a synchronisation per phase."""
+    if device != "cpu" or os.environ.get("SGLANG_ECHO_BUDGET") or os.environ.get("SGLANG_ECHO_CONFIG"):
+        return opts
+    print("[sglang-echo] budget: cost (CPU default; SGLANG_ECHO_BUDGET=fixed for ECHO's fixed K_max)")
+    return replace(opts, extra_env=opts.extra_env + (("SGLANG_ECHO_BUDGET", "cost"),))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.dtype = resolve_dtype(args.dtype, resolve_device(args.device), args.model is None)
@@ -122,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[sglang-echo] no --draft given: using the shipped {DRAFTER_NAMES[drafter]} head "
               "(sglang_echo/assets/, see its README)")
     if args.spec == "echo":
-        opts = with_shipped_calibration(opts)
+        opts = with_cpu_budget(with_shipped_calibration(opts), resolve_device(args.device))
     cmd = build_command(opts)
     if args.draft:
         print(f"[sglang-echo] draft: {args.draft}")

@@ -70,6 +70,23 @@ def test_without_draft_the_shipped_head_is_used(spec: str, smollm2_dir: Path) ->
     assert "-eagle3-smollm2-135m-instruct" in r.stdout.split("exec:")[1]
     if spec == "echo":  # the calibration shipped for exactly this model + head (fingerprints match)
         assert "SGLANG_ECHO_CALIBRATION=" in r.stdout and _shipped_calibration("eagle3") in r.stdout
+        assert "SGLANG_ECHO_BUDGET=cost" in r.stdout.split("env:")[1].splitlines()[0]  # the CPU default
+
+
+def test_echo_on_a_cpu_budgets_by_cost_unless_configured(monkeypatch, tmp_path: Path) -> None:
+    """`make serve`'s ECHO on a CPU: budget cost; a configured budget or config file, or a GPU,
+    keeps what ECHO would otherwise do."""
+    from sglang_echo.serve.launch import with_cpu_budget
+
+    opts = ServerOptions(model_path=tmp_path, spec="echo", draft_path=tmp_path)
+    for var in ("SGLANG_ECHO_BUDGET", "SGLANG_ECHO_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    assert ("SGLANG_ECHO_BUDGET", "cost") in with_cpu_budget(opts, "cpu").extra_env
+    assert with_cpu_budget(opts, "cuda") == opts
+    for var, value in (("SGLANG_ECHO_BUDGET", "fixed"), ("SGLANG_ECHO_CONFIG", str(tmp_path / "echo.json"))):
+        monkeypatch.setenv(var, value)
+        assert with_cpu_budget(opts, "cpu") == opts
+        monkeypatch.delenv(var)
 
 
 def test_a_configured_calibration_wins_over_the_shipped_one(smollm2_dir: Path, monkeypatch, tmp_path: Path) -> None:
