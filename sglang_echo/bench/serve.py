@@ -352,7 +352,7 @@ class _Server:
         seconds, outs, latencies = _one_level(url, prompts, c, budgets)
         cpu_s = self.srv.cpu_seconds() - cpu0
         after = scrape_echo_metrics(url) if echo else {}
-        level_steps = step_times.delta(steps_before, settled_step_times(self.srv)) if steps_before is not None else None
+        level_steps = None if steps_before is None else step_times.delta(steps_before, settled_step_times(self.srv))
         ids = [o.output_ids for o in outs]
         steps = sum(int(o.meta.get("spec_verify_ct", 0)) for o in outs)
         # None: this is the reference, or the run has no `none` to compare with (yet)
@@ -365,7 +365,6 @@ class _Server:
                 self.nominal, per_request, echo_deltas(before, after), rep, cpu_s, level_steps)
         print(_progress(r), flush=True)
         return r
-
 
 
 def _progress(r: Run) -> str:
