@@ -35,7 +35,7 @@ from loadtests.summary import LevelResult, write_csvs  # noqa: E402
 DEFAULT_HOST = "http://127.0.0.1:30000"
 DEFAULT_USERS = "8,16,32,64,128,256"
 # --smoke: small enough for CI on a 2-core CPU server, big enough to exercise every code path.
-SMOKE = {"users": "2,4", "level_seconds": 60, "level_requests": 8, "max_tokens": 8}
+SMOKE = {"users": "2,4", "level_seconds": 60, "level_requests": 8, "max_tokens": 8, "warmup_requests": 0}
 
 
 def _users(text: str) -> tuple[int, ...]:
@@ -68,9 +68,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true",
                    help=f"tiny sweep {SMOKE} that fails on any request error (for CI)")
     p.add_argument("--fail-on-errors", action="store_true", help="exit 1 if any request failed")
+    p.add_argument("--warmup-requests", type=int, default=None,
+                   help="requests sent 8 at a time before the first level, not measured (default 32, "
+                        "--smoke 0): a server's first minute is not its throughput (ECHO's cost budget "
+                        "measures its cost curves there)")
     args = p.parse_args(argv)
     defaults = SMOKE if args.smoke else {"users": DEFAULT_USERS, "level_seconds": 60,
-                                         "level_requests": 200, "max_tokens": 64}
+                                         "level_requests": 200, "max_tokens": 64, "warmup_requests": 32}
     for name, value in defaults.items():  # explicit options win over the mode's defaults
         if getattr(args, name) is None:
             setattr(args, name, _users(value) if name == "users" else value)
@@ -85,6 +89,22 @@ def served_model(host: str) -> str:
     r = requests.get(f"{host}/v1/models", timeout=60)
     r.raise_for_status()
     return r.json()["data"][0]["id"]
+
+
+def warm_up(host: str, model: str, requests_: int, max_tokens: int, timeout: float) -> int:
+    """``requests_`` completions, 8 at a time, whose results are discarded; how many failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> bool:
+        body = {"model": model, "prompt": f"Warm-up {i}: write a few sentences about the number {i}.",
+                "max_tokens": max_tokens, "temperature": 0}
+        try:
+            return requests.post(f"{host}/v1/completions", json=body, timeout=timeout).ok
+        except requests.RequestException:
+            return False
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return sum(not ok for ok in pool.map(one, range(requests_)))
 
 
 def sweep_levels(sweep: Sweep, users: tuple[int, ...], console: Console) -> list[LevelResult]:
@@ -135,10 +155,15 @@ def main(argv: list[str] | None = None) -> int:
                   prompts_per_set=args.prompts_per_set, request_timeout=args.request_timeout,
                   flush_cache=not args.keep_cache, drain_seconds=args.drain_seconds)
     (args.out / "run.json").write_text(json.dumps(
-        {**asdict(sweep), "out": str(sweep.out), "users": list(args.users)}, indent=2))
+        {**asdict(sweep), "out": str(sweep.out), "users": list(args.users),
+         "warmup_requests": args.warmup_requests}, indent=2))
     console.print(f"load test: {model} at {host}, users {list(args.users)}, "
                   f"{args.level_seconds}s / {args.level_requests} requests per level -> {args.out}")
     try:
+        if args.warmup_requests:
+            console.print(f"warm-up: {args.warmup_requests} requests, not measured")
+            if failed := warm_up(host, model, args.warmup_requests, args.max_tokens, args.request_timeout):
+                console.print(f"[yellow]warm-up: {failed} of {args.warmup_requests} requests failed")
         results = sweep_levels(sweep, args.users, console)
     except LevelFailed as exc:
         console.print(f"[red]{exc}")

@@ -18,6 +18,11 @@ CPU_ATTENTION_BACKEND = "echo_torch"
 # Without CUDA, sglang cannot profile free memory the GPU way; a fixed KV budget keeps the
 # pool small (2-core/24 GiB dev boxes) and start-up fast.
 CPU_MAX_TOTAL_TOKENS = 16384
+# sglang caps a speculative server at 48 running requests unless told otherwise (a GPU default:
+# its CUDA-graph batch sizes), so at 64-256 concurrent users requests queued behind 48 while a
+# server without speculation ran them all. On the CPU there are no graphs to size, and the KV
+# pool decides how many requests fit; ECHO is built for large batches.
+CPU_SPEC_MAX_RUNNING_REQUESTS = 256
 
 
 @dataclass(frozen=True)
@@ -197,8 +202,11 @@ def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCo
         argv += ["--dtype", opts.dtype]
     if opts.context_length:
         argv += ["--context-length", str(opts.context_length)]
-    if opts.max_running_requests:
-        argv += ["--max-running-requests", str(opts.max_running_requests)]
+    max_running = opts.max_running_requests
+    if max_running is None and device == "cpu" and opts.spec != "none":
+        max_running = CPU_SPEC_MAX_RUNNING_REQUESTS
+    if max_running:
+        argv += ["--max-running-requests", str(max_running)]
     if opts.enable_metrics:
         argv.append("--enable-metrics")
     argv += _spec_args(opts)

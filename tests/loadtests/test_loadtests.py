@@ -149,6 +149,7 @@ def test_smoke_defaults_yield_to_explicit_options() -> None:
     assert args.users == tuple(int(u) for u in SMOKE["users"].split(","))
     assert (args.level_requests, args.max_tokens, args.fail_on_errors) == (3, SMOKE["max_tokens"], True)
     assert parse_args([]).users == (8, 16, 32, 64, 128, 256)
+    assert (parse_args([]).warmup_requests, args.warmup_requests) == (32, 0)
 
 
 # --- sweeps against the fake server ------------------------------------------------------------
@@ -160,14 +161,14 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def _sweep(fake: FakeOpenAI, out: Path, *options: str) -> int:
-    return main(["--host", fake.url, "--max-tokens", str(TOKENS), "--out", str(out), *options])
+    return main(["--host", fake.url, "--max-tokens", str(TOKENS), "--out", str(out), "--warmup-requests", "0", *options])
 
 
 def test_sweep_writes_csv_and_plot(tmp_path: Path) -> None:
     config = FakeConfig()
     with FakeOpenAI(config) as fake:
         assert _sweep(fake, tmp_path, "--users", "2,4", "--level-requests", "12",
-                      "--level-seconds", "120") == 0
+                      "--level-seconds", "120", "--warmup-requests", "4") == 0
     rows = _rows(tmp_path / "summary.csv")
     assert [int(r["users"]) for r in rows] == [2, 4]
     for r in rows:
@@ -179,7 +180,7 @@ def test_sweep_writes_csv_and_plot(tmp_path: Path) -> None:
         assert float(r["ttft_p50_ms"]) >= config.first_token_delay_s * 1e3
         assert float(r["ttft_p95_ms"]) >= float(r["ttft_p50_ms"])
         assert float(r["tpot_p50_ms"]) > 0
-    assert fake.served == 24
+    assert fake.served == 4 + 24  # the warm-up's requests were served and left out of every level
     assert fake.flushes == 2  # the prefix cache, before each level
     assert _rows(tmp_path / "errors.csv") == []
     assert (tmp_path / "loadtest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -135,8 +135,21 @@ def test_dry_run_prints_cpu_command(smollm2_dir: Path) -> None:
     assert str(smollm2_dir) in out
     for needle in ("SGLANG_USE_CPU_ENGINE=1", "--device cpu", "--attention-backend echo_torch",
                    "--speculative-algorithm NGRAM", "--host 127.0.0.1", "--port 32098",
-                   "--nccl-port 32099", "--enable-cache-report", "logs:"):
+                   "--nccl-port 32099", "--enable-cache-report", "logs:", "--max-running-requests 256"):
         assert needle in out, needle
+
+
+def test_cpu_speculative_servers_are_not_capped_at_sglangs_48(tmp_path: Path) -> None:
+    """sglang resets a speculative server's running requests to 48 unless given; on the CPU every
+    spec gets CPU_SPEC_MAX_RUNNING_REQUESTS (an explicit value wins, plain decoding keeps sglang's)."""
+    def running(**kw) -> str | None:
+        argv = build_command(ServerOptions(model_path=tmp_path, device="cpu", draft_path=tmp_path, **kw)).argv
+        return argv[argv.index("--max-running-requests") + 1] if "--max-running-requests" in argv else None
+
+    for spec in ("ngram", "eagle3", "echo"):
+        assert running(spec=spec) == str(flags.CPU_SPEC_MAX_RUNNING_REQUESTS)
+    assert running(spec="echo", max_running_requests=8) == "8"
+    assert running(spec="none") is None
 
 
 def test_build_command_eagle3_gpu_has_no_cpu_flags(tmp_path: Path) -> None:
