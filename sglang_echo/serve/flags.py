@@ -18,10 +18,10 @@ CPU_ATTENTION_BACKEND = "echo_torch"
 # Without CUDA, sglang cannot profile free memory the GPU way; a fixed KV budget keeps the
 # pool small (2-core/24 GiB dev boxes) and start-up fast.
 CPU_MAX_TOTAL_TOKENS = 16384
-# sglang caps a speculative server at 48 running requests unless told otherwise (a GPU default:
-# its CUDA-graph batch sizes), so at 64-256 concurrent users requests queued behind 48 while a
-# server without speculation ran them all. On the CPU there are no graphs to size, and the KV
-# pool decides how many requests fit; ECHO is built for large batches.
+# sglang resets a speculative server to 48 running requests unless told otherwise
+# (`arg_groups/speculative_hook.py`), so at 64-256 concurrent users requests queued behind 48
+# while a server without speculation ran them all. On the CPU there are no CUDA graphs to size;
+# the KV pool decides how many requests fit, and ECHO is built for large batches.
 CPU_SPEC_MAX_RUNNING_REQUESTS = 256
 
 
