@@ -91,7 +91,8 @@ def with_cpu_budget(opts: ServerOptions, device: str) -> ServerOptions:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    args.dtype = resolve_dtype(args.dtype, resolve_device(args.device), args.model is None)
+    device = resolve_device(args.device)
+    args.dtype = resolve_dtype(args.dtype, device, args.model is None)
     opts = ServerOptions(
         model_path=args.model or Path("<prepared>"),
         port=args.port,
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[sglang-echo] no --draft given: using the shipped {DRAFTER_NAMES[drafter]} head "
               "(sglang_echo/assets/, see its README)")
     if args.spec == "echo":
-        opts = with_cpu_budget(with_shipped_calibration(opts), resolve_device(args.device))
+        opts = with_cpu_budget(with_shipped_calibration(opts), device)
     cmd = build_command(opts)
     if args.draft:
         print(f"[sglang-echo] draft: {args.draft}")
