@@ -68,7 +68,26 @@ def echo_deltas(before: dict[str, float], after: dict[str, float]) -> dict | Non
     }
     if out["verified_per_step"] is not None and out["k_max"]:
         out["budget_fill"] = out["verified_per_step"] / out["k_max"]
+    decisions = budget_decisions(before, after)
+    if decisions:
+        out["budget_decisions"] = decisions
     return out
+
+
+_LABELS = re.compile(r'(\w+)="([^"]*)"')
+
+
+def budget_decisions(before: dict[str, float], after: dict[str, float]) -> dict[str, dict[str, float]]:
+    """What a level added to ``echo_budget_steps_total{arm,reason}`` and its seconds: per
+    ``"arm/reason"``, ``{"steps", "seconds"}`` (``budget: cost`` servers only; else {})."""
+    out: dict[str, dict[str, float]] = {}
+    for key, value in after.items():
+        for name, field in (("echo_budget_steps_total", "steps"), ("echo_budget_step_seconds_total", "seconds")):
+            if key.startswith(name + "{"):
+                labels = dict(_LABELS.findall(key))
+                row = out.setdefault(f"{labels.get('arm')}/{labels.get('reason')}", {"steps": 0.0, "seconds": 0.0})
+                row[field] += value - before.get(key, 0.0)
+    return {k: v for k, v in sorted(out.items()) if v["steps"] > 0}
 
 
 def settled_step_times(server) -> dict | None:

@@ -217,6 +217,18 @@ def max_new_tokens(max_new: int, jitter: int, n: int) -> list[int]:
     return [max(1, max_new - jitter + (i * 37) % (2 * jitter + 1)) for i in range(n)]
 
 
+WARMUP_CONCURRENCY = 8
+
+
+def warmup_level(pool: list[str], requests: int, max_new: int) -> tuple[list[str], int, list[int]]:
+    """The unmeasured level each server serves before its first (``_one_level``'s texts,
+    concurrency, max new tokens): first-request costs, and ``budget: cost``'s warm-up (its first
+    16 drafting steps, at K_max) are start-up, not throughput. At 8 requests a batch has room to
+    draft, so the warm-up ends here rather than inside a measured level."""
+    n = max(requests, 1)
+    return (pool * (1 + n // len(pool)))[:n], min(WARMUP_CONCURRENCY, n), [max_new] * n
+
+
 def _one_level(url: str, texts: list[str], concurrency: int, max_new: Sequence[int]
                ) -> tuple[float, list[Generation], list[float]]:
     """Send ``texts`` (``max_new[i]`` tokens each) with ``concurrency`` clients; wall seconds,
@@ -259,6 +271,7 @@ def run(args: argparse.Namespace) -> Report:
                   "dtype": args.dtype, "max_new": args.max_new, "max_new_jitter": args.max_new_jitter,
                   "concurrency": levels, "prompts": len(pool), "per_set": args.per_set,
                   "echo_drafter": args.echo_drafter, "calibration": args.calibration,
+                  "warmup_requests": args.warmup_requests,
                   "max_total_tokens": args.max_total_tokens},
     )
     bench = _Bench(args, model, heads, pick, levels, pool, datasets)
@@ -328,8 +341,8 @@ class _Server:
     def __enter__(self) -> "_Server":
         self.srv = SGLangServer(self.opts).__enter__()
         try:
-            # warm-up: first-request costs are not throughput
-            _one_level(self.srv.base_url, self.bench.pool[:2], 2, [8, 8])
+            _one_level(self.srv.base_url, *warmup_level(self.bench.pool, self.bench.args.warmup_requests,
+                                                        self.bench.args.max_new))
         except BaseException:
             self.srv.stop()
             raise
@@ -400,6 +413,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-jitter", type=int, default=0,
                     help="spread each request's max new tokens over max-new +- this (a fixed pattern), so that "
                          "plain decoding's requests do not finish in step")
+    ap.add_argument("--warmup-requests", type=int, default=16,
+                    help=f"requests each server serves unmeasured before its first level, {WARMUP_CONCURRENCY} at a "
+                         "time, --max-new tokens each (at least 1)")
     ap.add_argument("--dtype", default="float32", help="float32 keeps the token-for-token check exact")
     ap.add_argument("--max-total-tokens", type=int, default=None,
                     help="every server's KV pool in tokens (default: make serve's, 16,384 on CPUs); speculative "

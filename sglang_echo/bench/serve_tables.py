@@ -111,7 +111,7 @@ def markdown(report: Report) -> str:
         lines.append(f"| {_label(r)} | {r.concurrency} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | "
                      f"{startup} | {_f(cpu, '.1f')} | {saving} |")
     for section in (repeats_table(report.runs), utilisation_table(report.runs), budget_table(report.runs),
-                    step_table(report.runs), table1(report.runs)):
+                    decisions_table(report.runs), step_table(report.runs), table1(report.runs)):
         if section:
             lines += ["", *section]
     return "\n".join(lines) + "\n"
@@ -152,6 +152,24 @@ def budget_table(runs: list[Run]) -> list[str]:
                    f"{_f(e.get('step_verified_max'), '.0f')} | {_f(e.get('k_max'), '.0f')} | "
                    f"{_f(e.get('cap_per_step'), '.1f')} | {_f(e.get('step_ms'))} | "
                    f"{_f(e.get('control_ms'), '.3f')} | {_f(share and 100 * share, '.2f', '%')} | {ok} |")
+    return out
+
+
+def decisions_table(runs: list[Run]) -> list[str]:
+    """``budget: cost`` servers: steps and seconds by the cost budget's decision (arm/reason), so
+    the price of its warm-up, explorations and probes is visible beside the model's own choices."""
+    rows = [r for r in runs if r.echo and r.echo.get("budget_decisions")]
+    if not rows:
+        return []
+    out = ["Cost budget's decisions per level (`echo_budget_steps_total{arm,reason}`; ms/step is the whole "
+           "step; share: of the level's ECHO step seconds):", "",
+           "| config | concurrency | decision | steps | seconds | ms/step | share |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        total = sum(d["seconds"] for d in r.echo["budget_decisions"].values())
+        for name, d in r.echo["budget_decisions"].items():
+            out.append(f"| {_label(r)} | {r.concurrency} | {name} | {d['steps']:.0f} | {d['seconds']:.2f} | "
+                       f"{1e3 * d['seconds'] / d['steps']:.1f} | {_f(total and 100 * d['seconds'] / total, '.1f', '%')} |")
     return out
 
 

@@ -37,10 +37,11 @@ workload. Between 0 (nothing drafted, nothing gained) and the first measured siz
 depth); past the last measured size nothing more is credited. ``D* = 0`` is plain
 decoding: ECHO's loop drafts nothing.
 
-A step only measures the side of the decision it took, so both sides are probed at the current
-load. Until ``warmup`` speculative steps have been seen, and every ``explore_every`` steps after,
-the step gets the full ``K_max``, so ``G``, ``F`` and ``t_draft`` keep being measured while the
-model says not to speculate. Such a step is the dearest there is (at batch 8 on the CPU about three
+A batch of ``K_max`` requests or more has no room to draft: its steps are plain, and spend
+neither warm-up nor explorations. A step only measures the side of the decision it took, so both
+sides are probed at the current load. Until ``warmup`` speculative steps have been seen, and
+every ``explore_every`` steps after, the step gets the full ``K_max``, so ``G``, ``F`` and
+``t_draft`` keep being measured while the model says not to speculate. Such a step is the dearest there is (at batch 8 on the CPU about three
 plain steps), so while explorations keep confirming plain decoding their interval doubles, up to
 ``explore_backoff`` times ``explore_every``; a verdict for drafting, or a batch size in another
 half-octave, brings it back to ``explore_every``. While it says to speculate, every
@@ -51,7 +52,8 @@ from one slow 8-token verify of a batch of 2, and drafted at 0.74x of plain deco
 
 The model predicts; :class:`RealisedRates` checks. Those plain probes and the drafting steps
 around them (warm-up and explorations included) are an A/B test of the model's choice at the
-current load: the tokens each step committed per second, per batch-size bucket. Where drafting has
+current load: the tokens each step committed per request, against its time in units of the
+predicted plain step at its size, per batch-size bucket. Where drafting has
 measurably committed fewer than plain decoding, the step is plain, and the probe runs the other way
 (every ``plain_every``-th step drafts as the model says) so the verdict can change. Where it has
 committed more, the step drafts even if the model says not to, at ``K_max`` if the model sees no
@@ -186,9 +188,13 @@ def isotonic(ys: Sequence[float], weights: Sequence[float]) -> list[float]:
 
 
 class RealisedRates:
-    """Committed tokens per second per request, as served, for plain and drafting steps per
+    """Committed tokens per request per unit of time, as served, for plain and drafting steps per
     batch-size bucket (half-octaves, as :class:`CostCurve`'s): the A/B test behind the veto in
-    :meth:`CostModelBudget.cap`. Per request, so that a bucket's sizes (6 to 8 share one) compare."""
+    :meth:`CostModelBudget.cap`. Per request, and the budget passes times in units of its
+    predicted plain step at each step's size, so that a bucket's sizes compare: in seconds, a
+    plain step at 76 requests (compute-bound) commits a third fewer tokens per request per second
+    than one at 54 in the same bucket, and a batch shrinking through the bucket drafts only at its
+    smaller sizes (``B < K_max``)."""
 
     ARMS = ("plain", "draft")
 
@@ -197,7 +203,8 @@ class RealisedRates:
         self._sums: dict[tuple[int, str], list[float]] = {}  # (bucket, arm) -> [w, w tokens/B, w seconds, n]
 
     def add(self, batch_size: int, arm: str, committed: int, seconds: float) -> None:
-        """One step of ``arm`` at ``batch_size`` that committed ``committed`` tokens in ``seconds``."""
+        """One step of ``arm`` at ``batch_size`` that committed ``committed`` tokens in ``seconds``
+        (any unit, the same for both arms)."""
         s = self._sums.setdefault((half_octave(batch_size), arm), [0.0, 0.0, 0.0, 0])
         for i, v in enumerate((1.0, committed / batch_size, seconds)):
             s[i] = self.decay * s[i] + v
@@ -255,6 +262,7 @@ class CostModelBudget:
         self._gap_bucket: Optional[int] = None  # the batch-size bucket the gap was earned at
         self._judging = False  # an exploration ran and no verdict has followed it yet
         self._arm: Optional[str] = None  # this step's side of the A/B test
+        self._reason: Optional[str] = None  # why this step's side was chosen (one of REASONS)
         self._pending: deque[tuple[int, float, Optional[str], float]] = deque(maxlen=8)  # (B, drafted, arm, s)
 
     # -- the model -----------------------------------------------------------------------------
@@ -300,22 +308,32 @@ class CostModelBudget:
         return max(range(len(rates)), key=lambda d: (rates[d], -d))  # ties: the shallower
 
     # -- the worker's calls ----------------------------------------------------------------------
+    # Why a step drafted or not: ``warmup`` / ``explore`` (K_max steps that keep the model
+    # measuring), ``model`` (the cost model chose), ``measured`` (the served rates chose),
+    # ``probe`` (the side not chosen, sampled), ``full`` (B >= K_max: no room to draft).
+    REASONS = ("warmup", "explore", "model", "measured", "probe", "full")
+
     def cap(self, batch_size: int) -> int:
         """This step's verification cap, roots included (``<= max(K_max, B)``)."""
         self.steps += 1
-        self._arm = "draft"  # warm-up and explorations draft at K_max: samples of the drafting arm
+        B = batch_size
+        if B >= self.k_max:  # the roots alone fill K_max: a plain step whatever the model says
+            self._arm, self._reason = "plain", "full"
+            return self.k_max
+        self._arm, self._reason = "draft", "warmup"  # warm-up and explorations draft at K_max: drafting samples
         if self.spec_steps < self.warmup:
             return self.k_max
-        B = batch_size
         if self.steps >= self._next_explore:
             self._next_explore, self._judging, self._gap_bucket = self.steps + self.explore_gap, True, half_octave(B)
+            self._reason = "explore"
             return self.k_max
         depth = self.best_depth(B)
         verdict = self.rates.verdict(B)  # the served A/B test overrules the model, either way
         drafting = verdict == "draft" if verdict is not None else depth > 0
+        self._reason = "model" if verdict is None else "measured"
         self._back_off_exploring(B, drafting)
         if (depth > 0 or drafting) and self._probing(B):
-            drafting = not drafting  # the other side's probe (module docstring)
+            drafting, self._reason = not drafting, "probe"  # the other side's probe (module docstring)
         self._arm = "draft" if drafting else "plain"
         if not drafting:
             return min(self.k_max, B)
@@ -360,12 +378,17 @@ class CostModelBudget:
         return self.steps % every == every // 2
 
     def observe_step(self, *, batch_size: int, target_tokens: int, verified_tokens: int, draft_forwards: int,
-                     draft_s: float, verify_s: float, step_s: float, cap: Optional[int] = None) -> None:
+                     draft_s: float, verify_s: float, step_s: float,
+                     cap: Optional[int] = None) -> Optional[tuple[str, str]]:
         """One decode step: its size, the tokens it verified (sum K_i, roots included), wall
         seconds by phase (``draft_s``: drafting and control; ``step_s``: the whole step), and
-        the cap it was given (None: not known, ``S`` is not measured)."""
+        the cap it was given (None: not known, ``S`` is not measured).
+
+        Returns the step's decision ``(arm, reason)`` (``arm``: ``draft`` or ``plain``; ``reason``:
+        one of :attr:`REASONS`), None for a step no :meth:`cap` decided."""
+        decision = None if self._arm is None else (self._arm, self._reason)
         if batch_size <= 0:
-            return
+            return decision
         self.verify.add(target_tokens, verify_s)
         drafted = max(verified_tokens - batch_size, 0) / batch_size
         if cap is not None and cap > batch_size:
@@ -379,7 +402,8 @@ class CostModelBudget:
         else:  # no draft depth: drafting was setup only, part of the step's fixed rest
             self.rest.add(batch_size, max(step_s - verify_s, 0.0))
         self._pending.append((batch_size, drafted, self._arm, step_s))
-        self._arm = None
+        self._arm = self._reason = None
+        return decision
 
     def observe_accept(self, accepted_drafts: Sequence[int]) -> None:
         """Accepted drafts per request of the oldest step not yet matched (bonus token excluded)."""
@@ -388,7 +412,8 @@ class CostModelBudget:
         batch_size, drafted, arm, step_s = self._pending.popleft()
         if batch_size != len(accepted_drafts):
             return  # not the batch that step drafted for: nothing to learn from it
-        if arm is not None:
-            self.rates.add(batch_size, arm, batch_size + sum(accepted_drafts), step_s)
+        plain_s = self.step_seconds(batch_size, 0)  # the unit that makes the bucket's sizes compare
+        if arm is not None and plain_s > 0:
+            self.rates.add(batch_size, arm, batch_size + sum(accepted_drafts), step_s / plain_s)
         if drafted > 0:
             self.gain.add(drafted, sum(accepted_drafts) / batch_size)

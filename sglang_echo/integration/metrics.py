@@ -17,6 +17,11 @@ sglang's own ``spec_cap_length`` / ``spec_cap_lens_histogram`` come from ``cap_l
   cap under ``budget: cost``), so ``cap / steps`` is the mean cap;
 * ``echo_step_verified_tokens_max``: the largest per-step sum of K_i seen;
 * ``echo_budget_exceeded_total``: steps over ``max(K_max, bs)`` (must stay 0);
+* ``echo_budget_steps_total{arm,reason}`` / ``echo_budget_step_seconds_total{arm,reason}``:
+  ``budget: cost`` only: steps, and their wall seconds, by the cost budget's decision (``arm``
+  ``draft`` or ``plain``; ``reason`` ``warmup``, ``explore``, ``model``, ``measured`` or
+  ``probe``: :attr:`sglang_echo.core.budget.CostModelBudget.REASONS`), so what the model's
+  measuring costs is on the page;
 * ``echo_deferred_extend_tokens_total`` / ``echo_caught_up_tokens_total``: lazy extend
   (:mod:`.lazy_extend`): committed tokens whose draft extend a plain step deferred, and those a
   later catch-up extended (the rest were never needed: the request ended first, or is pending).
@@ -160,6 +165,9 @@ class EchoMetrics:
             "deferred": Counter("echo_deferred_extend_tokens", "Committed tokens whose draft extend a plain step deferred"),
             "caught_up": Counter("echo_caught_up_tokens", "Deferred tokens a catch-up draft extend extended"),
             "timed_steps": Counter("echo_timed_steps", "Decode steps covered by the echo_*_seconds counters"),
+            "budget_steps": Counter("echo_budget_steps", "Steps by the cost budget's decision", ["arm", "reason"]),
+            "budget_seconds": Counter(
+                "echo_budget_step_seconds", "Whole-step seconds by the cost budget's decision", ["arm", "reason"]),
             "control_seconds": Counter(
                 "echo_control_seconds", "ECHO control plane: build_trees minus drafter.propose, plus packing to sglang's layout"),
             "draft_seconds": Counter(
@@ -216,6 +224,17 @@ class EchoMetrics:
                 self._m[f"{k}_seconds"].inc(max(v, 0.0))  # a Counter refuses negative increments
         except Exception as e:  # metrics must never take the server down
             self.warn_once("timing", e)
+
+    def on_budget_step(self, decision, seconds: float) -> None:
+        """One step of the cost budget: its ``(arm, reason)`` (None: undecided) and wall seconds."""
+        if decision is None or self._m is None:
+            return
+        try:
+            labels = dict(zip(("arm", "reason"), decision))
+            self._m["budget_steps"].labels(**labels).inc()
+            self._m["budget_seconds"].labels(**labels).inc(max(seconds, 0.0))
+        except Exception as e:  # metrics must never take the server down
+            self.warn_once("budget", e)
 
     def on_tree_depths(self, reqs, depths) -> None:
         """Per-request tree depth of this step into ``meta_info["echo_tree_depth"]``; never raises."""

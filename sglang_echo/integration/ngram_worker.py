@@ -373,10 +373,11 @@ def _define_worker():
                 self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st)
                 self.echo_metrics.on_step(st, forward_tokens)
                 if self.echo_budget is not None:
-                    self.echo_budget.observe_step(
+                    decision = self.echo_budget.observe_step(
                         batch_size=st.sizes.numel(), target_tokens=forward_tokens, verified_tokens=st.verified,
                         draft_forwards=st.draft_forwards, draft_s=st.draft_s + st.control_s,
                         verify_s=step_s - st.prepare_s, step_s=step_s, cap=st.cap)
+                    self.echo_metrics.on_budget_step(decision, step_s)
             return result
 
         # -- NGRAM's external-corpus API: not for ECHO ---------------------------------------------------

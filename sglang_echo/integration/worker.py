@@ -458,10 +458,11 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
             st.timed = False
             self.echo_metrics.on_timing(control=st.control_s, draft=st.draft_s, verify=st.verify_s, step=step_s)
             if self.echo_budget is not None:
-                self.echo_budget.observe_step(
+                decision = self.echo_budget.observe_step(
                     batch_size=st.sizes.numel(), target_tokens=st.forward_tokens, verified_tokens=st.verified,
                     draft_forwards=st.draft_forwards, draft_s=st.draft_s + st.control_s, verify_s=st.verify_s,
                     step_s=step_s, cap=st.cap)
+                self.echo_metrics.on_budget_step(decision, step_s)
         return result
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):

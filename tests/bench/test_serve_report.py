@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sglang_echo.bench.level_metrics import echo_deltas, parse_echo_metrics
-from sglang_echo.bench.serve import Report, Run, markdown, quartiles, report_from_json, request_record
+from sglang_echo.bench.serve import Report, Run, markdown, quartiles, report_from_json, request_record, warmup_level
 from sglang_echo.bench.serve_tables import cpu_savings, speedups
 
 # What an ECHO server's /generate returns for one request: 3 verify steps with trees of depth
@@ -53,6 +53,10 @@ echo_draft_seconds_total 0.5
 echo_verify_seconds_total 1.5
 echo_step_seconds_total {step}
 echo_gate_evaluated_total{{depth="2"}} 7.0
+echo_budget_steps_total{{arm="plain",reason="model"}} {steps}
+echo_budget_step_seconds_total{{arm="plain",reason="model"}} {step}
+echo_budget_steps_total{{arm="draft",reason="explore"}} 2.0
+echo_budget_step_seconds_total{{arm="draft",reason="explore"}} 0.5
 echo_budget_k_max 64.0
 echo_step_verified_tokens_max {vmax}
 sglang:num_running_reqs{{model_name="m"}} 3.0
@@ -69,6 +73,7 @@ def test_metrics_deltas():
     assert d["control_share"] == pytest.approx(0.04 / 2.0)
     assert d["step_ms"] == pytest.approx(100.0) and d["control_ms"] == pytest.approx(2.0)
     assert d["draft_s"] == 0 and d["verify_s"] == 0  # unchanged counters
+    assert d["budget_decisions"] == {"plain/model": {"steps": 20, "seconds": pytest.approx(2.0)}}  # explore: unchanged
     assert echo_deltas({}, {}) is None  # no ECHO counters (another algorithm, or metrics off)
     # a server without the timing counters (older ECHO): the rest still reported
     old = {k: v for k, v in after.items() if "seconds" not in k and "timed" not in k}
@@ -94,6 +99,8 @@ def test_markdown_tables():
     assert "| echo | 8 | 44.00 | 1.10x |" in md
     assert "Draft utilisation per request" in md and "| echo | 1 | 4 |" in md
     assert "| echo | 1 | 20 | 30.0 | 40 | 64 |" in md and "2.00% | yes |" in md
+    assert "Cost budget's decisions per level" in md  # 2 s of plain steps beside 0.5 s exploring: 80% / 20%
+    assert "| echo | 8 | plain/model | 20 | 2.00 | 100.0 | 80.0% |" in md and "| draft/explore | 2 | 0.50 | 250.0 | 20.0% |" in md
     # Table 1's shape: per prompt set at the lowest concurrency, MAT and speedup vs none
     assert "| config | chat MAT | chat speedup | math MAT | math speedup | avg speedup |" in md
     assert "1.20x" in md
@@ -247,3 +254,9 @@ def test_step_times_are_taken_around_each_level_from_the_server_log(monkeypatch,
         server = object.__new__(serve._Server)
         server.bench, server.name, server.spec, server.nominal, server.srv = bench, "none", "none", None, srv
         assert server.measure(2, 0).step_times == want
+
+
+def test_warmup_level_cycles_the_pool_at_a_batch_with_room_to_draft():
+    texts, concurrency, budgets = warmup_level(["a", "b", "c"], 16, 64)
+    assert texts == ["a", "b", "c"] * 5 + ["a"] and concurrency == 8 and budgets == [64] * 16
+    assert warmup_level(["a", "b"], 0, 32) == (["a"], 1, [32])  # at least one request

@@ -298,3 +298,63 @@ def test_unbudgeted_policies_ignore_the_cap():
     a, _ = build_trees(policy, drafter(4), roots)
     b, _ = build_trees(policy, drafter(4), roots, k_max=4)
     assert a.sizes.tolist() == b.sizes.tolist() == [4] * 4
+
+
+def test_every_step_reports_why_it_drafted_or_not():
+    """``observe_step`` returns the step's ``(arm, reason)``, which the worker exports per arm and
+    reason (``echo_budget_steps_total``) so the price of measuring is visible."""
+    budget = CostModelBudget(k_max=48, max_depth=3, warmup=1, explore_every=4, plain_every=4)
+
+    def step(B: int, forwards: int = 0):
+        cap = budget.cap(B)
+        return budget.observe_step(batch_size=B, target_tokens=cap, verified_tokens=cap, draft_forwards=forwards,
+                                   draft_s=0.01 * forwards, verify_s=0.05, step_s=0.06 + 0.01 * forwards, cap=cap)
+
+    assert budget.observe_step(batch_size=8, target_tokens=8, verified_tokens=8, draft_forwards=0, draft_s=0.0,
+                               verify_s=0.05, step_s=0.05) is None  # no cap() decided it
+    assert step(8, forwards=1) == ("draft", "warmup")
+    assert [step(8) for _ in range(2)] == [("plain", "model")] * 2  # nothing gained yet: plain decoding
+    assert step(8, forwards=1) == ("draft", "explore")  # call 4
+    for _ in range(3):  # served: drafting commits 2 tokens per request in 0.08 s, plain 1 in 0.05 s
+        budget.rates.add(8, "plain", 8, 0.05)
+        budget.rates.add(8, "draft", 16, 0.08)
+    assert [step(8, forwards=1) for _ in range(4)] == [  # calls 5..8: 6 probes plain decoding, 8 explores
+        ("draft", "measured"), ("plain", "probe"), ("draft", "measured"), ("draft", "explore")]
+
+
+def test_a_batch_at_or_over_k_max_decodes_plainly_and_spends_no_warmup():
+    budget = CostModelBudget(k_max=64, max_depth=3, warmup=2, explore_every=4)
+
+    def step(B: int):
+        cap = budget.cap(B)
+        forwards = int(cap > B)
+        return cap, budget.observe_step(batch_size=B, target_tokens=min(cap, B * 4), verified_tokens=min(cap, B * 4),
+                                        draft_forwards=forwards, draft_s=0.01 * forwards, verify_s=0.05, step_s=0.06)
+
+    assert [step(B) for B in (128, 64, 64, 64, 64)] == [(64, ("plain", "full"))] * 5  # steps 1..5, exploration due
+    assert step(40) == (64, ("draft", "warmup"))  # the warm-up starts once the batch has room to draft
+
+
+def test_served_rates_compare_the_sizes_of_a_bucket_fairly():
+    """Compute-bound verify (10 ms a token): plain steps served at 76 requests, drafting ones at
+    54 (the same half-octave; a shrinking batch only drafts below K_max). Per second, drafting
+    looks 24% faster per request only because its batch is smaller; in units of the predicted
+    plain step at each size it commits 12% less, and the served verdict is plain decoding."""
+    budget = CostModelBudget(k_max=64, max_depth=3, warmup=0, explore_every=10**6)
+
+    def serve(B: int, arm: str, drafted: int, accepted: int, draft_s: float) -> None:
+        budget._arm = arm  # as cap() would have decided (the test picks each step's side)
+        verify_s = 0.01 * (B + drafted)
+        budget.observe_step(batch_size=B, target_tokens=B + drafted, verified_tokens=B + drafted,
+                            draft_forwards=int(drafted > 0), draft_s=draft_s, verify_s=verify_s,
+                            step_s=verify_s + draft_s)
+        budget.observe_accept([1] * accepted + [0] * (B - accepted))
+
+    for _ in range(4):
+        serve(76, "plain", 0, 0, 0.0)
+        serve(54, "draft", 11, 5, 0.02)
+    per_second = {"plain": 1 / 0.76, "draft": (59 / 54) / 0.67}
+    assert per_second["draft"] > 1.2 * per_second["plain"]  # what seconds alone would conclude
+    assert budget.rates.rate(54, "draft") == pytest.approx((59 / 54) / (0.67 / 0.54), rel=0.02)
+    assert budget.rates.rate(76, "plain") == pytest.approx(1.0, rel=0.02)
+    assert budget.rates.verdict(54) == budget.rates.verdict(76) == "plain"

@@ -46,6 +46,19 @@ def test_timing_totals_and_counters_accumulate(prom_metrics):
     assert reg.get_sample_value("echo_budget_k_max") == 32
 
 
+def test_budget_decisions_are_counted_by_arm_and_reason(prom_metrics):
+    m, reg = prom_metrics
+    m.on_budget_step(("draft", "explore"), 0.25)
+    m.on_budget_step(("plain", "model"), 0.1)
+    m.on_budget_step(("plain", "model"), 0.1)
+    m.on_budget_step(None, 9.0)  # a step no cap() decided: not counted
+    explore, model = {"arm": "draft", "reason": "explore"}, {"arm": "plain", "reason": "model"}
+    assert reg.get_sample_value("echo_budget_steps_total", explore) == 1
+    assert reg.get_sample_value("echo_budget_step_seconds_total", explore) == pytest.approx(0.25)
+    assert reg.get_sample_value("echo_budget_steps_total", model) == 2
+    assert reg.get_sample_value("echo_budget_step_seconds_total", model) == pytest.approx(0.2)
+
+
 def test_timing_never_raises():
     m = EchoMetrics(SimpleNamespace(k_max=8), enabled=False)  # totals only
     m.on_timing(control=0.5, draft=0.0, verify=0.0, step=1.0)
