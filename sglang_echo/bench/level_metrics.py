@@ -57,6 +57,9 @@ def echo_deltas(before: dict[str, float], after: dict[str, float]) -> dict | Non
         # the mean per-step cap: K_max with budget fixed, the cost model's caps with budget cost
         "cap_per_step": d("echo_budget_cap_tokens_total") / steps if steps and "echo_budget_cap_tokens_total" in after else None,
         "budget_exceeded": d("echo_budget_exceeded_total"),
+        # lazy extend: committed tokens whose draft extend was deferred, and those caught up later
+        "deferred_tokens": d("echo_deferred_extend_tokens_total"),
+        "caught_up_tokens": d("echo_caught_up_tokens_total"),
         "timed_steps": timed,
         "control_s": control_s,
         "draft_s": d("echo_draft_seconds_total"),

@@ -37,18 +37,23 @@ workload. Between 0 (nothing drafted, nothing gained) and the first measured siz
 depth); past the last measured size nothing more is credited. ``D* = 0`` is plain
 decoding: ECHO's loop drafts nothing.
 
-A batch of ``K_max`` requests or more has no room to draft: its steps are plain, and spend
-neither warm-up nor explorations. A step only measures the side of the decision it took, so both
-sides are probed at the current load. Until ``warmup`` speculative steps have been seen, and
-every ``explore_every`` steps after, the step gets the full ``K_max``, so ``G``, ``F`` and
-``t_draft`` keep being measured while the model says not to speculate. Such a step is the dearest there is (at batch 8 on the CPU about three
-plain steps), so while explorations keep confirming plain decoding their interval doubles, up to
-``explore_backoff`` times ``explore_every``; a verdict for drafting, or a batch size in another
-half-octave, brings it back to ``explore_every``. While it says to speculate, every
-``plain_every``-th step is plain decoding, so ``T_verify(B)`` and ``t_rest(B)`` are measured where
-the alternative would run. Without it a batch of 8 that never decoded plainly priced a plain step
-from one slow 8-token verify of a batch of 2, and drafted at 0.74x of plain decoding
-(``benchmarks/results/serve-smollm2-plain-probe``).
+A batch of ``K_max`` requests or more has no room to draft: its steps are plain. A step only
+measures the side of the decision it took, so both sides are probed at the current load. Until
+``warmup`` speculative steps have been seen, and every ``explore_every`` steps served at a load
+(batch-size half-octave) after, a step whose batch leaves room for a draft per request
+(``2B <= K_max``) gets the full ``K_max``, so ``G``, ``F`` and ``t_draft`` keep being measured
+while the model says not to speculate. Just under 64 requests a ``K_max = 64`` exploration
+could draft a few tokens only, yet took 0.8-1.1 s against 0.57 s for a plain step of 64, much
+of it the lazy extend's catch-up (``benchmarks/results/serve-smollm2-high-concurrency/
+c64-c128-decisions``). Such a step is the dearest there is (at batch 8 on the CPU about three
+plain steps), so while explorations keep confirming plain decoding at a load its interval
+doubles, up to ``explore_backoff`` times ``explore_every``; a verdict for drafting there brings
+it back to ``explore_every``. Each load keeps its own schedule: with one for all, a batch
+shrinking through the half-octaves as its requests finished restarted it at every one. While
+the model says to speculate, every ``plain_every``-th step is plain decoding, so
+``T_verify(B)`` and ``t_rest(B)`` are measured where the alternative would run. Without it a
+batch of 8 that never decoded plainly priced a plain step from one slow 8-token verify of a
+batch of 2, and drafted at 0.74x of plain decoding (``benchmarks/results/serve-smollm2-plain-probe``).
 
 The model predicts; :class:`RealisedRates` checks. Those plain probes and the drafting steps
 around them (warm-up and explorations included) are an A/B test of the model's choice at the
@@ -227,6 +232,26 @@ class RealisedRates:
         return "draft" if draft > plain else "plain"
 
 
+@dataclass
+class Exploring:
+    """One load's exploration schedule (a batch-size half-octave), in steps served at that load,
+    so that a batch shrinking through the half-octaves as its requests finish (a wave) does not
+    start every load's schedule over, as one schedule for all loads did."""
+
+    gap: int  # steps at this load from one exploration to the next
+    since: int = 0  # steps at this load since its last exploration
+    judging: bool = False  # an exploration ran here and no decision has followed it yet
+
+    def judge(self, drafting: bool, shortest: int, longest: int) -> None:
+        """The first decision after an exploration judges it: plain decoding again doubles the
+        gap (up to ``longest``); drafting, at any time, brings it back to ``shortest``."""
+        if drafting:
+            self.gap = shortest
+        elif self.judging:
+            self.gap = min(2 * self.gap, longest)
+        self.judging = False
+
+
 class CostModelBudget:
     """Chooses each decode step's verification cap (see the module docstring).
 
@@ -257,10 +282,7 @@ class CostModelBudget:
         self.rates = RealisedRates()  # the served A/B test of the model's choice
         self.spec_steps = 0  # steps that drafted at least one depth
         self.steps = 0
-        self.explore_gap = explore_every  # steps from one exploration to the next (backs off, see the docstring)
-        self._next_explore = explore_every
-        self._gap_bucket: Optional[int] = None  # the batch-size bucket the gap was earned at
-        self._judging = False  # an exploration ran and no verdict has followed it yet
+        self._exploring: dict[int, Exploring] = {}  # batch-size bucket -> its exploration schedule
         self._arm: Optional[str] = None  # this step's side of the A/B test
         self._reason: Optional[str] = None  # why this step's side was chosen (one of REASONS)
         self._pending: deque[tuple[int, float, Optional[str], float]] = deque(maxlen=8)  # (B, drafted, arm, s)
@@ -321,17 +343,22 @@ class CostModelBudget:
             self._arm, self._reason = "plain", "full"
             return self.k_max
         self._arm, self._reason = "draft", "warmup"  # warm-up and explorations draft at K_max: drafting samples
-        if self.spec_steps < self.warmup:
-            return self.k_max
-        if self.steps >= self._next_explore:
-            self._next_explore, self._judging, self._gap_bucket = self.steps + self.explore_gap, True, half_octave(B)
-            self._reason = "explore"
-            return self.k_max
+        # Both wait for a batch with room for a draft per request: with less they measure little,
+        # and still pay the lazy extend's catch-up for every request (B x its backlog pairs).
+        explore = self._exploring.setdefault(half_octave(B), Exploring(self.explore_every)) if 2 * B <= self.k_max else None
+        if explore is not None:
+            explore.since += 1
+            if self.spec_steps < self.warmup:
+                return self.k_max
+            if explore.since >= explore.gap:
+                explore.since, explore.judging, self._reason = 0, True, "explore"
+                return self.k_max
         depth = self.best_depth(B)
         verdict = self.rates.verdict(B)  # the served A/B test overrules the model, either way
         drafting = verdict == "draft" if verdict is not None else depth > 0
         self._reason = "model" if verdict is None else "measured"
-        self._back_off_exploring(B, drafting)
+        if explore is not None:
+            explore.judge(drafting, self.explore_every, self.explore_backoff * self.explore_every)
         if (depth > 0 or drafting) and self._probing(B):
             drafting, self._reason = not drafting, "probe"  # the other side's probe (module docstring)
         self._arm = "draft" if drafting else "plain"
@@ -355,19 +382,10 @@ class CostModelBudget:
                 hi = mid - 1
         return lo
 
-    def _back_off_exploring(self, batch_size: int, drafting: bool) -> None:
-        """Judge the last exploration by the first verdict after it: plain decoding again at the
-        same load doubles the gap to the next one; drafting, or another load, resets it."""
-        bucket = half_octave(batch_size)
-        if drafting or bucket != self._gap_bucket:
-            self._gap_bucket = bucket
-            if self.explore_gap > self.explore_every:
-                self.explore_gap = self.explore_every
-                self._next_explore = min(self._next_explore, self.steps + self.explore_every)
-        elif self._judging:
-            self.explore_gap = min(2 * self.explore_gap, self.explore_backoff * self.explore_every)
-            self._next_explore = self.steps + self.explore_gap
-        self._judging = False
+    def explore_gap(self, batch_size: int) -> int:
+        """Steps at this load (batch-size half-octave) from one exploration to the next."""
+        explore = self._exploring.get(half_octave(batch_size))
+        return self.explore_every if explore is None else explore.gap
 
     def _probing(self, batch_size: int) -> bool:
         """Whether this step runs the side the decision did not pick: every ``plain_every``-th

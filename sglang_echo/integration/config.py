@@ -28,9 +28,10 @@ attention backend supports it (the CPU platform's), else on every request's ``W`
 (``echo``, ``dense-gating``, ``fixed-threshold``, ``budgeted-chain``) may verify up to ``k_max``;
 ``cost``: each step's cap ``<= k_max`` comes from a cost model the worker fits while serving
 (:mod:`sglang_echo.core.budget`), down to plain decoding where drafting does not pay; its
-K_max explorations come every 64 steps, backing off to ``explore_backoff`` (default 16) times
-that while they keep confirming plain decoding (1: every 64 steps).
-``lazy_extend`` (default 32; EAGLE-3 and DART drafters, without overlap scheduling): a step
+K_max explorations come every 64 steps served at a load (batch-size half-octave), backing off
+to ``explore_backoff`` (default 16) times that while they keep confirming plain decoding there
+(1: every 64 steps).
+``lazy_extend`` (default 128; EAGLE-3 and DART drafters, without overlap scheduling): a step
 that drafts nothing skips EAGLE's draft extend, and the next step that may draft extends over
 the skipped tokens first (:mod:`.lazy_extend`); a request's draft KV lags by at most that many
 tokens (a full backlog is caught up at once), 0 turns it off.
@@ -82,7 +83,7 @@ class EchoConfig:
     verify: str = "auto"  # auto | ragged | padded (see the module docstring)
     budget: str = "fixed"  # fixed | cost: each step's cap from the measured cost model (budgeted policies)
     explore_backoff: int = 16  # budget cost: the longest gap between K_max explorations, in units of 64 steps
-    lazy_extend: int = 32  # most tokens a plain step may leave out of the draft KV per request (0: off)
+    lazy_extend: int = 128  # most tokens a plain step may leave out of the draft KV per request (0: off)
     control_kernel: str = "torch"  # torch | triton: the elastic scheduler as tensor ops or Triton programs (CUDA)
     source: str = "defaults"
 

@@ -118,16 +118,31 @@ def test_tokens_below_the_knee_are_free():
 
 def test_warmup_and_exploration_use_the_full_k_max():
     """Explorations run K_max; while each is followed by plain decoding at the same load, the gap
-    to the next doubles (4, 8, 16 = explore_backoff x explore_every); another load resets it."""
+    to the next doubles (4, 8, 16 = explore_backoff x explore_every); another load has its own."""
     budget = CostModelBudget(k_max=48, max_depth=3, warmup=3, explore_every=4, explore_backoff=4)
     assert [budget.cap(16) for _ in range(3)] == [48, 48, 48]  # nothing measured yet
     feed(budget, steps=3, B=16, depth=1, accept=[0.05], verify=lambda K: 0.05 + 0.01 * K, draft_per_depth=0.05)
     caps = [budget.cap(16) for _ in range(32)]  # calls 4..35: drafting does not pay, so plain between
     assert set(caps) == {16, 48}
-    assert [4 + i for i, k in enumerate(caps) if k == 48] == [4, 13, 30]
-    assert budget.explore_gap == 16
+    assert [4 + i for i, k in enumerate(caps) if k == 48] == [4, 12, 28]
+    assert budget.explore_gap(16) == 16
     caps = [budget.cap(4) for _ in range(5)]  # calls 36..40: batch 4, another load
-    assert caps[4] == 48 and budget.explore_gap == 4  # explored 4 steps after the load changed
+    assert caps == [4, 4, 4, 48, 4] and budget.explore_gap(4) == 8  # explored on its 4th step, then judged
+    assert budget.explore_gap(16) == 16  # batch 16 keeps its backed-off schedule
+
+
+def test_a_shrinking_batch_keeps_each_loads_exploration_schedule():
+    """Waves of requests finishing one by one (batch 24 down to 1, again and again): each load
+    explores once per ``gap`` steps served at it, backing off there, instead of every load
+    restarting one shared schedule."""
+    budget = CostModelBudget(k_max=48, max_depth=3, warmup=0, explore_every=4, explore_backoff=4)
+    feed(budget, steps=3, B=16, depth=1, accept=[0.05], verify=lambda K: 0.05 + 0.01 * K, draft_per_depth=0.05)
+    explored = [sum(budget.cap(B) == 48 for B in range(24, 0, -1)) for _ in range(12)]
+    # 24 steps per wave over 10 half-octaves; the three with 4 or more (24-20, 19-14, 13-10)
+    # explore in the first wave. One shared schedule, restarted at every half-octave, explored
+    # 4 times in every wave (48).
+    assert explored[0] == 3 and sum(explored) <= 30
+    assert {budget.explore_gap(B) for B in (20, 16, 12)} == {16}  # backed off all the way
 
 
 def test_a_verdict_for_drafting_resets_the_exploration_gap():
@@ -135,13 +150,13 @@ def test_a_verdict_for_drafting_resets_the_exploration_gap():
     feed(budget, steps=3, B=8, depth=1, accept=[0.05], verify=lambda K: 0.05 + 0.01 * K, draft_per_depth=0.05)
     for _ in range(20):
         budget.cap(8)
-    assert budget.explore_gap > 4  # plain decoding, confirmed by every exploration
+    assert budget.explore_gap(8) > 4  # plain decoding, confirmed by every exploration
     # The workload changes: drafts are accepted and verifying them is free.
     feed(budget, steps=200, B=8, depth=3, accept=[0.9, 0.8, 0.7], verify=lambda K: 0.02, draft_per_depth=0.001)
     assert budget.best_depth(8) == 3
     budget.cap(8)
     budget.cap(8)  # (one of the two may be an exploration)
-    assert budget.explore_gap == 4
+    assert budget.explore_gap(8) == 4
 
 
 def test_measured_rates_overrule_a_model_that_says_plain():
@@ -322,7 +337,7 @@ def test_every_step_reports_why_it_drafted_or_not():
         ("draft", "measured"), ("plain", "probe"), ("draft", "measured"), ("draft", "explore")]
 
 
-def test_a_batch_at_or_over_k_max_decodes_plainly_and_spends_no_warmup():
+def test_warmup_and_explorations_wait_for_room_to_draft():
     budget = CostModelBudget(k_max=64, max_depth=3, warmup=2, explore_every=4)
 
     def step(B: int):
@@ -332,7 +347,8 @@ def test_a_batch_at_or_over_k_max_decodes_plainly_and_spends_no_warmup():
                                         draft_forwards=forwards, draft_s=0.01 * forwards, verify_s=0.05, step_s=0.06)
 
     assert [step(B) for B in (128, 64, 64, 64, 64)] == [(64, ("plain", "full"))] * 5  # steps 1..5, exploration due
-    assert step(40) == (64, ("draft", "warmup"))  # the warm-up starts once the batch has room to draft
+    assert step(40) == (40, ("plain", "model"))  # room for 24 drafts among 40 requests: not enough to measure
+    assert step(32) == (64, ("draft", "warmup"))  # a draft per request: the warm-up starts
 
 
 def test_served_rates_compare_the_sizes_of_a_bucket_fairly():

@@ -119,7 +119,7 @@ def test_config_is_frozen_dataclass():
 
 
 def test_lazy_extend_setting():
-    assert load_config(environ={}).lazy_extend == 32
+    assert load_config(environ={}).lazy_extend == 128
     assert load_config(environ={"SGLANG_ECHO_LAZY_EXTEND": "0"}).lazy_extend == 0
     with pytest.raises(EchoConfigError, match="lazy_extend=-1 must be >= 0"):
         load_config(environ={"SGLANG_ECHO_LAZY_EXTEND": "-1"})
