@@ -168,8 +168,9 @@ def decisions_table(runs: list[Run]) -> list[str]:
     for r in rows:
         total = sum(d["seconds"] for d in r.echo["budget_decisions"].values())
         for name, d in r.echo["budget_decisions"].items():
+            share = _f(total and 100 * d["seconds"] / total, ".1f", "%")
             out.append(f"| {_label(r)} | {r.concurrency} | {name} | {d['steps']:.0f} | {d['seconds']:.2f} | "
-                       f"{1e3 * d['seconds'] / d['steps']:.1f} | {_f(total and 100 * d['seconds'] / total, '.1f', '%')} |")
+                       f"{1e3 * d['seconds'] / d['steps']:.1f} | {share} |")
     return out
 
 

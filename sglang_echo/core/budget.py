@@ -345,7 +345,8 @@ class CostModelBudget:
         self._arm, self._reason = "draft", "warmup"  # warm-up and explorations draft at K_max: drafting samples
         # Both wait for a batch with room for a draft per request: with less they measure little,
         # and still pay the lazy extend's catch-up for every request (B x its backlog pairs).
-        explore = self._exploring.setdefault(half_octave(B), Exploring(self.explore_every)) if 2 * B <= self.k_max else None
+        explore = None if 2 * B > self.k_max else self._exploring.setdefault(half_octave(B),
+                                                                            Exploring(self.explore_every))
         if explore is not None:
             explore.since += 1
             if self.spec_steps < self.warmup:
