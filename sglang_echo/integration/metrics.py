@@ -19,9 +19,9 @@ sglang's own ``spec_cap_length`` / ``spec_cap_lens_histogram`` come from ``cap_l
 * ``echo_budget_exceeded_total``: steps over ``max(K_max, bs)`` (must stay 0);
 * ``echo_budget_steps_total{arm,reason}`` / ``echo_budget_step_seconds_total{arm,reason}``:
   ``budget: cost`` only: steps, and their wall seconds, by the cost budget's decision (``arm``
-  ``draft`` or ``plain``; ``reason`` ``warmup``, ``explore``, ``model``, ``measured`` or
-  ``probe``: :attr:`sglang_echo.core.budget.CostModelBudget.REASONS`), so what the model's
-  measuring costs is on the page;
+  ``draft`` or ``plain``; ``reason`` one of
+  :attr:`sglang_echo.core.budget.CostModelBudget.REASONS`), so what the model's measuring
+  costs is on the page;
 * ``echo_deferred_extend_tokens_total`` / ``echo_caught_up_tokens_total``: lazy extend
   (:mod:`.lazy_extend`): committed tokens whose draft extend a plain step deferred, and those a
   later catch-up extended (the rest were never needed: the request ended first, or is pending).
@@ -230,9 +230,9 @@ class EchoMetrics:
         if decision is None or self._m is None:
             return
         try:
-            labels = dict(zip(("arm", "reason"), decision))
-            self._m["budget_steps"].labels(**labels).inc()
-            self._m["budget_seconds"].labels(**labels).inc(max(seconds, 0.0))
+            arm, reason = decision
+            self._m["budget_steps"].labels(arm=arm, reason=reason).inc()
+            self._m["budget_seconds"].labels(arm=arm, reason=reason).inc(max(seconds, 0.0))
         except Exception as e:  # metrics must never take the server down
             self.warn_once("budget", e)
 
