@@ -5,13 +5,17 @@
 
 Each argument is a sweep folder written by ``run.py``; its name labels it. Ratios are against the
 first folder (put the no-speculation server first). Only levels every sweep ran are compared.
+``run.py`` with several ``--host`` writes its own comparison (:func:`passes_markdown`, the
+ratio of each pass and their median) from the servers it swept side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -51,11 +55,49 @@ def markdown(sweeps: dict[str, dict[int, dict]], users: list[int]) -> str:
     return "\n".join(lines) + "\n"
 
 
+Rows = dict[int, dict[str, float | None]]  # users -> column -> value, as read_sweep returns
+
+
+def passes_markdown(passes: Sequence[dict[str, Rows]], users: list[int]) -> str:
+    """Tokens/s of each server (median over passes) and, for every server after the first, its
+    ratio to the first in each pass (servers of a pass ran each level back to back), the
+    median ratio and the lowest."""
+    names = list(passes[0])
+    base = names[0]
+    head = ["users"] + [f"{n} tok/s" for n in names]
+    for n in names[1:]:
+        head += [f"{n} / {base} per pass", "median", "min"]
+    head += [f"{n} failed" for n in names]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for u in users:
+        tps = {n: [p[n][u]["tokens_per_s"] or 0.0 for p in passes] for n in names}
+        cells = [str(u)] + [f"{statistics.median(tps[n]):.1f}" for n in names]
+        for n in names[1:]:
+            ratios = [t / b for t, b in zip(tps[n], tps[base]) if b]
+            cells += [" / ".join(f"{r:.2f}x" for r in ratios) or "-",
+                      f"{statistics.median(ratios):.2f}x" if ratios else "-",
+                      f"{min(ratios):.2f}x" if ratios else "-"]
+        cells += [f"{sum(int(p[n][u]['failures'] or 0) for p in passes)}/"
+                  f"{sum(int(p[n][u]['requests'] or 0) for p in passes)}" for n in names]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def median_rows(passes: Sequence[dict[str, Rows]]) -> dict[str, Rows]:
+    """Each server's columns, median over passes (what :func:`plot` draws for several passes)."""
+    def med(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return statistics.median(present) if present else None
+
+    return {n: {u: {c: med([p[n][u][c] for p in passes]) for c in COLUMNS} for u in passes[0][n]}
+            for n in passes[0]}
+
+
 def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def plot(sweeps: dict[str, dict[int, dict]], users: list[int], path: Path) -> Path:
+def plot(sweeps: dict[str, dict[int, dict]], users: list[int], path: Path, title: str = "") -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), constrained_layout=True)
     panels = (("tokens_per_s", "output tokens/s"), ("tpot_p50_ms", "time per output token p50 (ms)"),
               ("ttft_p50_ms", "time to first token p50 (ms)"))
@@ -66,6 +108,8 @@ def plot(sweeps: dict[str, dict[int, dict]], users: list[int], path: Path) -> Pa
         ax.set_title(title)
         _users_axis(ax, users)
         ax.legend()
+    if title:
+        fig.suptitle(title)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -52,6 +52,7 @@ class Sweep:
     level_requests: int
     max_tokens: int
     ignore_eos: bool = False
+    max_tokens_jitter: int = 0  # each request's max_tokens drawn from max_tokens +- this (seeded)
     allow_remote: bool = False
     tags: tuple[str, ...] = ()
     prompts_per_set: int = 40
@@ -104,6 +105,8 @@ def locust_command(sweep: Sweep, users: int) -> list[str]:
     ]
     if sweep.ignore_eos:
         cmd.append("--ignore-eos")
+    if sweep.max_tokens_jitter:
+        cmd += ["--max-tokens-jitter", str(sweep.max_tokens_jitter)]
     if sweep.allow_remote:
         cmd.append("--allow-remote")
     if sweep.tags:
@@ -115,13 +118,13 @@ def _count_lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
-def run_level(sweep: Sweep, users: int, progress: Progress | None = None) -> LevelResult:
+def run_level(sweep: Sweep, users: int, progress: Progress | None = None, label: str = "") -> LevelResult:
     files = sweep.files(users)
     samples, log = files.samples, files.log
     samples.unlink(missing_ok=True)  # the locustfile appends
     task: TaskID | None = None
     if progress is not None:
-        task = progress.add_task(f"{users:>4} users", total=sweep.level_requests)
+        task = progress.add_task(f"{label} {users:>4} users".lstrip(), total=sweep.level_requests)
     deadline = time.monotonic() + sweep.level_seconds + sweep.drain_seconds + GRACE_S
     with open(log, "w", encoding="utf-8") as log_fh:
         # cwd: locust puts the working directory on sys.path, which makes `loadtests` importable.

@@ -3,8 +3,10 @@
     python -m locust -f loadtests/locustfile.py --host http://127.0.0.1:30000 --max-tokens 64
 
 (run from the repo root: locust puts the working directory on ``sys.path``, which is how
-``loadtests.*`` imports here). Every request is greedy (temperature 0) with a fixed
-``max_tokens``; prompts cycle through the repo's dev prompt sets. Streaming requests also report
+``loadtests.*`` imports here). Every request is greedy (temperature 0) with ``max_tokens``
+fixed or, with ``--max-tokens-jitter J``, drawn from ``max_tokens +- J`` by a seeded generator
+(the same lengths in the same order at every level and server); prompts cycle through the repo's
+dev prompt sets. Streaming requests also report
 "TTFT" and "TPOT" entries to locust's statistics (so they show in its web UI and CSVs, and
 inflate its "Aggregated" row); ``loadtests/run.py`` reads the exact per-request figures from
 ``--samples-file`` instead.
@@ -15,6 +17,7 @@ Tags select the traffic: ``--tags stream``, ``--tags chat``, ``--exclude-tags no
 from __future__ import annotations
 
 import itertools
+import random
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -34,6 +37,8 @@ from sglang_echo.models.prompts import Prompt, load_mixed
 def _options(parser: Any) -> None:
     parser.add_argument("--max-tokens", type=int, default=64, env_var="LOCUST_MAX_TOKENS",
                         help="max_tokens of every request")
+    parser.add_argument("--max-tokens-jitter", type=int, default=0, env_var="LOCUST_MAX_TOKENS_JITTER",
+                        help="draw each request's max_tokens from max_tokens +- this (seeded)")
     parser.add_argument("--ignore-eos", action="store_true", env_var="LOCUST_IGNORE_EOS",
                         help="sglang's ignore_eos: every request generates exactly max_tokens")
     parser.add_argument("--prompts-per-set", type=int, default=40, env_var="LOCUST_PROMPTS_PER_SET",
@@ -59,6 +64,7 @@ class _Run:
         self.text: itertools.cycle[str] | None = None
         self.budget = self.started = self.finished = 0
         self.samples: IO[str] | None = None
+        self.lengths = random.Random(0)
 
     def setup(self, env: Environment) -> None:
         opts = env.parsed_options
@@ -73,9 +79,17 @@ class _Run:
     def begin(self, env: Environment) -> None:
         opts = env.parsed_options
         self.budget, self.started, self.finished = opts.max_requests, 0, 0
+        self.lengths = random.Random(0)  # every level draws the same lengths in the same order
         if opts.samples_file and self.samples is None:
             # Line-buffered: a level killed at its time limit still leaves whole lines behind.
             self.samples = open(Path(opts.samples_file), "a", encoding="utf-8", buffering=1)
+
+    def max_tokens(self, opts: Any) -> int:
+        """This request's ``max_tokens``. Jitter matters with ``--ignore-eos``: requests of one
+        length that start together also end together, and keep arriving in waves whose prefills
+        batch, which real traffic does not."""
+        jitter = opts.max_tokens_jitter
+        return max(1, opts.max_tokens + self.lengths.randint(-jitter, jitter)) if jitter else opts.max_tokens
 
     def take(self) -> bool:
         """Claim one request of the budget; False once all of it is claimed."""
@@ -155,7 +169,7 @@ class OpenAIUser(HttpUser):
 
     def _body(self, endpoint: str, stream: bool) -> dict[str, Any]:
         opts = self.environment.parsed_options
-        body: dict[str, Any] = {"model": RUN.model, "max_tokens": opts.max_tokens, "temperature": 0}
+        body: dict[str, Any] = {"model": RUN.model, "max_tokens": RUN.max_tokens(opts), "temperature": 0}
         if endpoint == "chat":
             body["messages"] = next(RUN.chat)
         else:

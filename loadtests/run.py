@@ -3,11 +3,16 @@
     make serve &                                   # sglang on 127.0.0.1:30000
     python loadtests/run.py --users 8,16,32,64,128,256 --level-seconds 60 --level-requests 200
     python loadtests/run.py --smoke                # seconds, not minutes: 2 and 4 users, 8 tokens
+    # two servers side by side, each level against both in turn, three passes (side_by_side.py)
+    python loadtests/run.py --host none=http://127.0.0.1:30100 --host echo=http://127.0.0.1:30200 \
+        --repeats 3 --out out/loadtest/none-vs-echo
 
 Each level runs until ``--level-requests`` requests have finished or ``--level-seconds`` have
 passed, whichever comes first. Only localhost is loaded unless ``--allow-remote`` is given.
 Writes into ``--out``: ``summary.csv``, ``errors.csv``, ``loadtest.png``, ``run.json`` and, per
-level, the request samples, locust's log and locust's own statistics (see README.md).
+level, the request samples, locust's log and locust's own statistics (see README.md). With
+several servers or passes each gets such a folder, ``out/[pass<k>/][<name>/]``, and ``--out``
+gets ``compare.md`` and ``compare.png``.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from loadtests.compare import median_rows, passes_markdown, plot, read_sweep  # noqa: E402
 from loadtests.hosts import RemoteHostRefused, check_host  # noqa: E402
 from loadtests.levels import LevelFailed, Sweep, flush_prefix_cache, run_level  # noqa: E402
 from loadtests.plot import plot_levels  # noqa: E402
+from loadtests.side_by_side import Target, check_targets, parse_target, run_passes, sweeps_for  # noqa: E402
 from loadtests.summary import LevelResult, write_csvs  # noqa: E402
 
 DEFAULT_HOST = "http://127.0.0.1:30000"
@@ -45,9 +52,23 @@ def _users(text: str) -> tuple[int, ...]:
     return users
 
 
+def _target(text: str) -> Target:
+    try:
+        return parse_target(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--host", default=DEFAULT_HOST, help=f"server base URL (default {DEFAULT_HOST})")
+    p.add_argument("--host", dest="hosts", action="append", type=_target, default=None,
+                   metavar="[NAME=]URL",
+                   help=f"server base URL (default {DEFAULT_HOST}); give it again, each one named "
+                        "(none=URL echo=URL), to sweep several servers side by side, the first "
+                        "being the baseline of the ratios")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="passes over the levels (default 1); each level's order of servers flips "
+                        "from pass to pass")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a --host that is not localhost (only a server you are responsible for)")
     p.add_argument("--users", type=_users, default=None, help=f"levels (default {DEFAULT_USERS})")
@@ -55,6 +76,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--level-requests", type=int, default=None, help="request limit per level (default 200)")
     p.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request (default 64)")
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens per request")
+    p.add_argument("--max-tokens-jitter", type=int, default=0,
+                   help="draw each request's max_tokens from --max-tokens +- this, the same lengths in "
+                        "the same order for every level and server (default 0)")
     p.add_argument("--tags", nargs="+", default=(),
                    help="locust tags to run: chat, completions, stream, nostream (default all)")
     p.add_argument("--prompts-per-set", type=int, default=40,
@@ -73,6 +97,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "--smoke 0): a server's first minute is not its throughput (ECHO's cost budget "
                         "measures its cost curves there)")
     args = p.parse_args(argv)
+    args.hosts = args.hosts or [Target("", DEFAULT_HOST)]
+    try:
+        check_targets(args.hosts)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    if args.max_tokens_jitter < 0:
+        p.error("--max-tokens-jitter must be >= 0")
     defaults = SMOKE if args.smoke else {"users": DEFAULT_USERS, "level_seconds": 60,
                                          "level_requests": 200, "max_tokens": 64, "warmup_requests": 32}
     for name, value in defaults.items():  # explicit options win over the mode's defaults
@@ -107,25 +140,29 @@ def warm_up(host: str, model: str, requests_: int, max_tokens: int, timeout: flo
         return sum(not ok for ok in pool.map(one, range(requests_)))
 
 
-def sweep_levels(sweep: Sweep, users: tuple[int, ...], console: Console) -> list[LevelResult]:
+def sweep_all(sweeps: dict[str, list[Sweep]], targets: list[Target], users: tuple[int, ...],
+              console: Console) -> dict[str, list[list[LevelResult]]]:
+    """Every server's levels, pass after pass, each level against every server in turn."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    results = []
+    passes = len(sweeps[targets[0].name])
     with Progress(*columns, console=console) as progress:
-        for n in users:
+        def one_level(target: Target, k: int, n: int) -> LevelResult:
+            sweep = sweeps[target.name][k]
+            label = " ".join(filter(None, (target.name, f"pass {k + 1}" if passes > 1 else "")))
             if sweep.flush_cache and flush_prefix_cache(sweep.host) is False:
-                console.print(f"[yellow]{n} users: the server did not flush its prefix cache; "
-                              "this level's TTFT may be optimistic")
-            results.append(run_level(sweep, n, progress))
-    return results
+                console.print(f"[yellow]{label} {n} users: the server did not flush its prefix "
+                              "cache; this level's TTFT may be optimistic")
+            return run_level(sweep, n, progress, label=label)
+        return run_passes(targets, passes, users, one_level)
 
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
-def results_table(results: list[LevelResult]) -> Table:
+def results_table(results: list[LevelResult], title: str = "") -> Table:
     table = Table("users", "req", "fail", "tok/s", "req/s", "TTFT p50/95", "TPOT p50/95", "errors",
-                  title="ms for TTFT and TPOT; all columns in summary.csv")
+                  title=f"{title + ': ' if title else ''}ms for TTFT and TPOT; all columns in summary.csv")
     for r in results:
         errors = " ".join(f"{k}={v}" for k, v in r.errors.items()) or "-"
         if r.client_cpu_warning:
@@ -136,44 +173,83 @@ def results_table(results: list[LevelResult]) -> Table:
     return table
 
 
+def connect(hosts: list[Target], allow_remote: bool, console: Console) -> dict[Target, str] | None:
+    """Each server (its URL normalised) and the model it serves; None, having said why, if one
+    may not be loaded or does not answer."""
+    found = {}
+    for t in hosts:
+        try:
+            url = check_host(t.url, allow_remote=allow_remote)
+            found[Target(t.name, url)] = served_model(url)
+        except RemoteHostRefused as exc:
+            console.print(f"[red]{exc}")
+            return None
+        except (requests.RequestException, ValueError, KeyError, IndexError) as exc:
+            console.print(f"[red]no OpenAI-compatible server at {t.url}: {exc}")
+            return None
+    return found
+
+
+def write_comparison(sweeps: dict[str, list[Sweep]], targets: list[Target], out: Path,
+                     console: Console) -> None:
+    """``compare.md`` and ``compare.png`` in ``out``: each pass's ratios and their median."""
+    passes = [{t.name or "server": read_sweep(sweeps[t.name][k].out) for t in targets}
+              for k in range(len(sweeps[targets[0].name]))]
+    users = sorted(set.intersection(*(set(rows) for p in passes for rows in p.values())))
+    table = passes_markdown(passes, users)
+    (out / "compare.md").write_text(table, encoding="utf-8")
+    title = f"median of {len(passes)} passes" if len(passes) > 1 else ""
+    png = plot(median_rows(passes), users, out / "compare.png", title=title)
+    console.print(table + f"wrote {out / 'compare.md'}, {png}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console(stderr=True)
-    try:
-        host = check_host(args.host, allow_remote=args.allow_remote)
-        model = served_model(host)
-    except RemoteHostRefused as exc:
-        console.print(f"[red]{exc}")
+    models = connect(args.hosts, args.allow_remote, console)
+    if models is None:
         return 2
-    except (requests.RequestException, ValueError, KeyError, IndexError) as exc:
-        console.print(f"[red]no OpenAI-compatible server at {args.host}: {exc}")
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    sweep = Sweep(host=host, model=model, out=args.out, level_seconds=args.level_seconds,
-                  level_requests=args.level_requests, max_tokens=args.max_tokens,
-                  ignore_eos=args.ignore_eos, allow_remote=args.allow_remote, tags=tuple(args.tags),
-                  prompts_per_set=args.prompts_per_set, request_timeout=args.request_timeout,
-                  flush_cache=not args.keep_cache, drain_seconds=args.drain_seconds)
+    targets = list(models)
+    base = Sweep(host="", model="", out=args.out, level_seconds=args.level_seconds,
+                 level_requests=args.level_requests, max_tokens=args.max_tokens,
+                 ignore_eos=args.ignore_eos, max_tokens_jitter=args.max_tokens_jitter,
+                 allow_remote=args.allow_remote, tags=tuple(args.tags),
+                 prompts_per_set=args.prompts_per_set, request_timeout=args.request_timeout,
+                 flush_cache=not args.keep_cache, drain_seconds=args.drain_seconds)
+    sweeps = sweeps_for(base, targets, {t.name: m for t, m in models.items()}, args.repeats, args.out)
+    for sweep in (s for per_pass in sweeps.values() for s in per_pass):
+        sweep.out.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in asdict(base).items() if k not in ("host", "model")}
     (args.out / "run.json").write_text(json.dumps(
-        {**asdict(sweep), "out": str(sweep.out), "users": list(args.users),
-         "warmup_requests": args.warmup_requests}, indent=2))
-    console.print(f"load test: {model} at {host}, users {list(args.users)}, "
-                  f"{args.level_seconds}s / {args.level_requests} requests per level -> {args.out}")
+        {**settings, "out": str(args.out), "users": list(args.users), "repeats": args.repeats,
+         "warmup_requests": args.warmup_requests,
+         "servers": [{"name": t.name, "host": t.url, "model": m} for t, m in models.items()]},
+        indent=2))
+    for t, model in models.items():
+        console.print(f"load test: {model} at {t.url}{f' ({t.name})' if t.name else ''}, "
+                      f"users {list(args.users)}, {args.level_seconds}s / {args.level_requests} "
+                      f"requests per level, {args.repeats} pass(es) -> {args.out}")
     try:
-        if args.warmup_requests:
-            console.print(f"warm-up: {args.warmup_requests} requests, not measured")
-            if failed := warm_up(host, model, args.warmup_requests, args.max_tokens, args.request_timeout):
-                console.print(f"[yellow]warm-up: {failed} of {args.warmup_requests} requests failed")
-        results = sweep_levels(sweep, args.users, console)
+        for t, model in models.items():
+            if args.warmup_requests:
+                console.print(f"warm-up {t.name or t.url}: {args.warmup_requests} requests, not measured")
+                if failed := warm_up(t.url, model, args.warmup_requests, args.max_tokens, args.request_timeout):
+                    console.print(f"[yellow]warm-up: {failed} of {args.warmup_requests} requests failed")
+        results = sweep_all(sweeps, targets, args.users, console)
     except LevelFailed as exc:
         console.print(f"[red]{exc}")
         return 1
-    summary, errors = write_csvs(results, args.out)
-    png = plot_levels(results, args.out / "loadtest.png",
-                      title=f"{model} @ {host}, max_tokens={args.max_tokens}")
-    console.print(results_table(results))
-    console.print(f"wrote {summary}, {errors}, {png}")
-    if args.fail_on_errors and any(r.failures for r in results):
+    for t, model in models.items():
+        for sweep, levels in zip(sweeps[t.name], results[t.name]):
+            summary, errors = write_csvs(levels, sweep.out)
+            png = plot_levels(levels, sweep.out / "loadtest.png",
+                              title=f"{model} @ {t.url}, max_tokens={args.max_tokens}")
+            console.print(results_table(levels, title=str(sweep.out)))
+            console.print(f"wrote {summary}, {errors}, {png}")
+    if len(targets) > 1 or args.repeats > 1:
+        write_comparison(sweeps, targets, args.out, console)
+    if args.fail_on_errors and any(r.failures for per_pass in results.values() for levels in per_pass
+                                   for r in levels):
         console.print("[red]requests failed (see errors.csv and the per-level logs)")
         return 1
     return 0

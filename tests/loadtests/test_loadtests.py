@@ -191,6 +191,21 @@ def test_sweep_writes_csv_and_plot(tmp_path: Path) -> None:
     assert {e["method"] for e in entries} == {"POST", "TTFT", "TPOT"}
 
 
+def test_max_tokens_jitter_draws_the_same_lengths_at_every_level(tmp_path: Path) -> None:
+    with FakeOpenAI(FakeConfig(token_delay_s=0.0)) as fake:
+        assert _sweep(fake, tmp_path, "--users", "1,2", "--level-requests", "16", "--level-seconds", "120",
+                      "--max-tokens-jitter", "2") == 0
+
+    def lengths(users: int) -> list[int]:
+        lines = (tmp_path / f"users_{users:03d}.samples.jsonl").read_text().splitlines()
+        return sorted(json.loads(line)["output_tokens"] for line in lines)
+
+    assert lengths(1) == lengths(2)  # one seeded sequence per level, whatever the users' order
+    assert set(lengths(1)) <= set(range(TOKENS - 2, TOKENS + 3)) and len(set(lengths(1))) > 1
+    with pytest.raises(SystemExit):
+        parse_args(["--max-tokens-jitter", "-1"])
+
+
 def test_level_ends_at_its_time_limit(tmp_path: Path) -> None:
     with FakeOpenAI(FakeConfig()) as fake:
         assert _sweep(fake, tmp_path, "--users", "2", "--level-requests", "100000",
