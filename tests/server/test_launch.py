@@ -152,6 +152,17 @@ def test_cpu_speculative_servers_are_not_capped_at_sglangs_48(tmp_path: Path) ->
     assert running(spec="none") is None
 
 
+def test_cpu_servers_keep_mallocs_large_blocks_unless_told_otherwise(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")  # the operator's own setting wins
+    env = build_command(ServerOptions(model_path=tmp_path, device="cpu")).env
+    assert env["MALLOC_TRIM_THRESHOLD_"] == flags.CPU_MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"]
+    assert "MALLOC_MMAP_THRESHOLD_" not in env
+    assert not set(flags.CPU_MALLOC_ENV) & set(build_command(ServerOptions(model_path=tmp_path, device="cuda")).env)
+    monkeypatch.setenv("SGLANG_ECHO_MALLOC_TUNING", "0")
+    assert not set(flags.CPU_MALLOC_ENV) & set(build_command(ServerOptions(model_path=tmp_path, device="cpu")).env)
+
+
 def test_build_command_eagle3_gpu_has_no_cpu_flags(tmp_path: Path) -> None:
     cmd = build_command(ServerOptions(model_path=tmp_path, spec="eagle3", draft_path=tmp_path,
                                       device="cuda", spec_options=SpecOptions(5, 4, 8)))
