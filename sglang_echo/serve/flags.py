@@ -1,7 +1,8 @@
 """Build the sglang server command line + environment for one configuration.
 
-Pure data in, data out (no processes, no torch import unless asked whether CUDA exists), so
-the launcher, the test fixtures and the benchmarks all produce identical servers.
+Pure data in, data out (no processes, no torch import unless asked whether CUDA exists; the
+environment is read only for the malloc settings an operator may override), so the launcher,
+the test fixtures and the benchmarks all produce identical servers.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ CPU_SPEC_MAX_RUNNING_REQUESTS = 256
 # threshold with fresh mmaps and trims the heap top whenever 2x that threshold is free, so the
 # per-layer attention buffers (MBs per step) are faulted in anew again and again: ~190 minor page
 # faults per generated token at 64 users. A fixed 32 MB threshold (glibc's maximum) and no
-# trimming keep those blocks on the heap for reuse: 19x fewer faults, 2.6x less system time and
-# 1.05x / 1.02x the tokens/s of the same server side by side (benchmarks/results/cpu-malloc/).
+# trimming keep those blocks on the heap for reuse: the same server side by side made 19x (none)
+# and 2.3x (ECHO) fewer faults and served 1.02-1.05x (none) and 1.13-1.15x (ECHO) the tokens/s
+# (benchmarks/results/cpu-malloc/).
 # A value already in the environment wins; SGLANG_ECHO_MALLOC_TUNING=0 keeps glibc's defaults.
 CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
