@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                  allow_remote=args.allow_remote, tags=tuple(args.tags),
                  prompts_per_set=args.prompts_per_set, request_timeout=args.request_timeout,
                  flush_cache=not args.keep_cache, drain_seconds=args.drain_seconds)
-    sweeps = sweeps_for(base, targets, {t.name: m for t, m in models.items()}, args.repeats, args.out)
+    sweeps = sweeps_for(base, models, args.repeats, args.out)
     for sweep in (s for per_pass in sweeps.values() for s in per_pass):
         sweep.out.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in asdict(base).items() if k not in ("host", "model")}

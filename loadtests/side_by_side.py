@@ -75,10 +75,10 @@ def run_passes(targets: Sequence[Target], passes: int, users: Sequence[int],
     return results
 
 
-def sweeps_for(base: Sweep, targets: Sequence[Target], models: dict[str, str], passes: int,
-               out: Path) -> dict[str, list[Sweep]]:
-    """One :class:`Sweep` per server and pass: ``base``'s settings, each server's URL, model and folder."""
-    return {t.name: [replace(base, host=t.url, model=models[t.name],
-                             out=result_folder(out, t, k, targets=len(targets), passes=passes))
+def sweeps_for(base: Sweep, models: dict[Target, str], passes: int, out: Path) -> dict[str, list[Sweep]]:
+    """One :class:`Sweep` per server and pass: ``base``'s settings, each server's URL, model
+    (``models``: server -> the model it serves) and folder."""
+    return {t.name: [replace(base, host=t.url, model=model,
+                             out=result_folder(out, t, k, targets=len(models), passes=passes))
                      for k in range(passes)]
-            for t in targets}
+            for t, model in models.items()}

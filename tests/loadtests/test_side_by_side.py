@@ -12,7 +12,6 @@ import pytest
 from loadtests.compare import median_rows, passes_markdown
 from loadtests.run import main, parse_args
 from loadtests.side_by_side import Target, check_targets, level_order, parse_target, result_folder, run_passes
-from loadtests.summary import LevelResult
 
 from .fake_openai import FakeConfig, FakeOpenAI
 
