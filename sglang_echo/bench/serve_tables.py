@@ -180,10 +180,15 @@ def _steps(cells: dict[str, list[float]]) -> tuple[int, float, float]:
     return int(n), sum(c[1] for c in cells.values()), sum(int(b) * c[0] for b, c in cells.items()) / n if n else 0.0
 
 
-def _full_batch_ms(r: Run) -> float | None:
-    """ms per decode step with all ``concurrency`` requests in the batch (None if none ran)."""
-    n, s = (r.step_times or {}).get("decode", {}).get(str(r.concurrency), [0, 0.0])
+def _full_batch_ms(r: Run, kind: str = "decode") -> float | None:
+    """ms per ``kind`` (a whole decode step, or the target's forward in it) with all
+    ``concurrency`` requests in the batch (None if none ran)."""
+    n, s = (r.step_times or {}).get(kind, {}).get(str(r.concurrency), [0, 0.0])
     return 1e3 * s / n if n else None
+
+
+def _full_batch_forward_ms(r: Run) -> float | None:
+    return _full_batch_ms(r, "target_forward")
 
 
 def step_table(runs: list[Run]) -> list[str]:
@@ -193,19 +198,26 @@ def step_table(runs: list[Run]) -> list[str]:
     rows = [r for r in runs if r.step_times]
     if not rows:
         return []
-    base = _none_values(rows, _full_batch_ms)
+    base, base_fwd = _none_values(rows, _full_batch_ms), _none_values(rows, _full_batch_forward_ms)
+
+    def vs_none(v: float | None, ref: float | None, r: Run) -> str:
+        return f"{v / ref:.3f}x" if v and ref and r.config != "none" else "-"
+
     out = ["Scheduler steps per level (server log, `SGLANG_ECHO_STEP_TIMES`; a decode step of a speculative "
-           "server is its whole draft-verify-extend step):", "",
+           "server is its whole draft-verify-extend step; its target forward is the target model's decode or "
+           "verify forward in it, the rest of the step is everything else):", "",
            ("| config | concurrency | decode steps | decode s | mean decode batch | ms/step at batch = concurrency | "
-            "vs none | prefill forwards | prefill s |"),
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "vs none | target forward ms | vs none | rest ms | prefill forwards | prefill s |"),
+           "|" + " --- |" * 12]
     for r in rows:
         dn, ds, db = _steps(r.step_times.get("decode", {}))
         pn, ps, _ = _steps(r.step_times.get("prefill", {}))
-        full, ref = _full_batch_ms(r), base.get((r.repeat, r.concurrency))
-        ratio = f"{full / ref:.3f}x" if full and ref and r.config != "none" else "-"
-        out.append(f"| {_label(r)} | {r.concurrency} | {dn} | {ds:.1f} | {db:.1f} | {_f(full, '.1f')} | {ratio} | "
-                   f"{pn} | {ps:.1f} |")
+        full, fwd = _full_batch_ms(r), _full_batch_forward_ms(r)
+        key = (r.repeat, r.concurrency)
+        rest = full - fwd if full is not None and fwd is not None else None
+        out.append(f"| {_label(r)} | {r.concurrency} | {dn} | {ds:.1f} | {db:.1f} | {_f(full, '.1f')} | "
+                   f"{vs_none(full, base.get(key), r)} | {_f(fwd, '.1f')} | {vs_none(fwd, base_fwd.get(key), r)} | "
+                   f"{_f(rest, '.1f')} | {pn} | {ps:.1f} |")
     return out
 
 

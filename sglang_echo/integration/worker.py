@@ -264,7 +264,6 @@ class EchoDraftWorker(EagleDraftWorker):
             verify_input.prepared_out_cache_loc = kv_loc_plan.write_virtual
         return verify_input
 
-
     # -- drafter dflash: DFlash's context in the draft KV pool instead of EAGLE's draft layer -------
     def init_lm_head(self):
         if self.echo_drafter != "dflash":

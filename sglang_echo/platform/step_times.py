@@ -9,6 +9,11 @@ of the scheduler process writes the running totals to the server log as one ``ec
 JSON line every ``LOG_EVERY_S`` seconds in which they changed, so the last line holds every step
 up to ``LOG_EVERY_S`` after the server went idle; :func:`read_step_times` takes that line, and
 :func:`delta` what a stretch of work (one benchmark level) added to it.
+
+The target model's own forward (``ModelRunner._forward_raw`` of the target, decode or target
+verify) is timed as kind ``target_forward``, so a comparison can split a step into the forward,
+which both servers run on the same tokens when ECHO decodes plainly, and the rest (sampling or
+acceptance, drafting, bookkeeping). Draft-model forwards are left out: they are the rest.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ ENV = "SGLANG_ECHO_STEP_TIMES"
 TAG = "echo-step-times"
 LOG_EVERY_S = 1.0
 RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+FORWARD_RAW = "sglang.srt.model_executor.model_runner.ModelRunner._forward_raw"  # inside ragged verify's compaction
 
 # {kind: {batch size (a string: JSON keys): [steps, seconds]}}
 Snapshot = dict[str, dict[str, list[float]]]
@@ -106,10 +112,23 @@ def _timed_run_batch(original: Callable[..., Any], scheduler: Any, batch: Any, *
     return result
 
 
+def _timed_target_forward(original: Callable[..., Any], runner: Any, forward_batch: Any, *args: Any,
+                          **kwargs: Any) -> Any:
+    mode = forward_batch.forward_mode
+    if getattr(runner, "is_draft_worker", False) or not (mode.is_decode() or mode.is_target_verify()):
+        return original(runner, forward_batch, *args, **kwargs)
+    t0 = time.perf_counter()
+    result = original(runner, forward_batch, *args, **kwargs)
+    _TIMES.add("target_forward", forward_batch.batch_size, time.perf_counter() - t0)
+    return result
+
+
 def register(hooks: Any, around: Any) -> None:
-    """Time every scheduler step when ``SGLANG_ECHO_STEP_TIMES`` is set (``hooks``: sglang's HookRegistry)."""
+    """Time every scheduler step and target forward when ``SGLANG_ECHO_STEP_TIMES`` is set
+    (``hooks``: sglang's HookRegistry)."""
     if os.environ.get(ENV, "0") not in ("", "0"):
         hooks.register(RUN_BATCH, _timed_run_batch, around)
+        hooks.register(FORWARD_RAW, _timed_target_forward, around)
 
 
 def read_step_times(log: Path) -> Optional[Snapshot]:

@@ -73,3 +73,23 @@ def test_compare_reads_the_last_line_of_each_log(tmp_path):
     table = step_times.compare({"none": none, "echo": echo})
     assert "| 8 | 50.0 | 55.0 (1.100x) |" in table
     assert "| 9 |" not in table  # too few steps in one of the logs
+
+
+def test_the_target_forward_is_timed_apart_from_draft_forwards_and_prefills(monkeypatch):
+    """Kind ``target_forward``: the target runner's decode and verify forwards, by batch size."""
+    times = step_times.StepTimes()
+    monkeypatch.setattr(step_times, "_TIMES", times)
+    target, draft = SimpleNamespace(is_draft_worker=False), SimpleNamespace(is_draft_worker=True)
+
+    def forward_raw(runner, forward_batch, *args, **kwargs):
+        return (runner, args, kwargs)
+
+    for runner, mode, bs in [(target, "decode", 8), (target, "verify", 8), (target, "verify", 5),
+                             (target, "extend", 3), (draft, "decode", 8), (draft, "extend", 8)]:
+        batch = _batch(mode, bs)
+        batch.batch_size = bs
+        assert step_times._timed_target_forward(forward_raw, runner, batch, None, split_forward_count=1) == (
+            runner, (None,), {"split_forward_count": 1})
+    snap = times.snapshot()
+    assert set(snap) == {"target_forward"}
+    assert {bs: n for bs, (n, _) in snap["target_forward"].items()} == {"8": 2, "5": 1}

@@ -23,7 +23,7 @@ def test_prepare_is_cached_and_instant(smollm2_dir: Path) -> None:
     t0 = time.monotonic()
     res = prepare()
     assert res.cached and res.path == smollm2_dir
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 5.0  # converting takes minutes; 5 s leaves room for a loaded CI host
     cfg = json.loads((smollm2_dir / "config.json").read_text())
     assert "quantization_config" not in cfg
     assert cfg["architectures"] == ["LlamaForCausalLM"]
