@@ -10,6 +10,8 @@ every policy and every drafter still meet a server, in a CI-sized run);
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 import time
@@ -19,6 +21,7 @@ from typing import Optional, Sequence
 
 import pytest
 import requests
+from filelock import FileLock
 
 from sglang_echo.models.cache import cache_root
 from sglang_echo.serve.client import Generation, generate
@@ -105,14 +108,29 @@ def smollm2_prompts(smollm2_dir: Path) -> list[list[int]]:
 
 
 @pytest.fixture(scope="session")
-def smollm2_reference(smollm2_dir: Path, smollm2_prompts) -> list[Generation]:
+def smollm2_reference(smollm2_dir: Path, smollm2_prompts, tmp_path_factory) -> list[Generation]:
     """A no-speculation SmolLM2 (float32) server's greedy outputs for :func:`smollm2_prompts`, 8
-    staggered: the reference of every drafter's SmolLM2 server tests (one server per session)."""
-    srv = start(smollm2_dir, tag="smollm2-nospec", enable_metrics=False)
-    try:
-        return run_staggered(srv.base_url, smollm2_prompts)
-    finally:
-        srv.stop()
+    staggered: the reference of every drafter's SmolLM2 server tests.
+
+    One server per test run: under pytest-xdist each worker is a session of its own, so the first
+    worker to need the outputs serves them into the run's shared temporary folder and the others
+    read them there (a server start and 16 generations is minutes of CPU on a loaded CI host)."""
+    def serve() -> list[Generation]:
+        srv = start(smollm2_dir, tag="smollm2-nospec", enable_metrics=False)
+        try:
+            return run_staggered(srv.base_url, smollm2_prompts)
+        finally:
+            srv.stop()
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process: nothing to share (and no run folder)
+        return serve()
+    shared = tmp_path_factory.getbasetemp().parent / "smollm2-reference.json"  # this run's, all workers'
+    with FileLock(f"{shared}.lock"):
+        if shared.exists():
+            return [Generation(**row) for row in json.loads(shared.read_text())]
+        outputs = serve()
+        shared.write_text(json.dumps([dataclasses.asdict(g) for g in outputs]))
+        return outputs
 
 
 @pytest.fixture(scope="session")
