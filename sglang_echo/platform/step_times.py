@@ -33,7 +33,7 @@ ENV = "SGLANG_ECHO_STEP_TIMES"
 TAG = "echo-step-times"
 LOG_EVERY_S = 1.0
 RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
-FORWARD_RAW = "sglang.srt.model_executor.model_runner.ModelRunner._forward_raw"  # inside ragged verify's compaction
+FORWARD_RAW = "sglang.srt.model_executor.model_runner.ModelRunner._forward_raw"  # a ragged verify: its compacted batch
 
 # {kind: {batch size (a string: JSON keys): [steps, seconds]}}
 Snapshot = dict[str, dict[str, list[float]]]
@@ -101,11 +101,16 @@ def _start_flusher() -> None:
         threading.Thread(target=_flush_forever, name="echo-step-times", daemon=True).start()
 
 
+def _is_decode_step(mode: Any) -> bool:
+    """A step of generation: a decode, or a speculative server's target verify."""
+    return mode.is_decode() or mode.is_target_verify()
+
+
 def _timed_run_batch(original: Callable[..., Any], scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     t0 = time.perf_counter()
     result = original(scheduler, batch, *args, **kwargs)
     mode = batch.forward_mode
-    kind = "decode" if mode.is_decode() or mode.is_target_verify() else "prefill" if mode.is_extend() else None
+    kind = "decode" if _is_decode_step(mode) else "prefill" if mode.is_extend() else None
     if kind is not None:
         _TIMES.add(kind, len(batch.reqs), time.perf_counter() - t0)
         _start_flusher()
@@ -114,8 +119,7 @@ def _timed_run_batch(original: Callable[..., Any], scheduler: Any, batch: Any, *
 
 def _timed_target_forward(original: Callable[..., Any], runner: Any, forward_batch: Any, *args: Any,
                           **kwargs: Any) -> Any:
-    mode = forward_batch.forward_mode
-    if getattr(runner, "is_draft_worker", False) or not (mode.is_decode() or mode.is_target_verify()):
+    if getattr(runner, "is_draft_worker", False) or not _is_decode_step(forward_batch.forward_mode):
         return original(runner, forward_batch, *args, **kwargs)
     t0 = time.perf_counter()
     result = original(runner, forward_batch, *args, **kwargs)

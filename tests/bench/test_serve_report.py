@@ -215,8 +215,9 @@ def test_max_total_tokens_reaches_every_server(monkeypatch):
 
 
 def test_step_table_compares_full_batch_steps_within_a_pass():
-    """Each level's scheduler steps (server log): ms per decode step at batch = concurrency against
-    none's of the same pass, and the prefill forwards that admitted the level."""
+    """Each level's scheduler steps (server log): ms per decode step and per target forward at batch =
+    concurrency against none's of the same pass, the rest of the step, and the prefill forwards that
+    admitted the level."""
     runs = [Run("none", 8, 8, 2.0, 64, 0, None, step_times={"decode": {"8": [10, 1.0], "3": [2, 0.1]},
                                                               "target_forward": {"8": [10, 0.9], "3": [2, 0.08]},
                                                               "prefill": {"8": [1, 0.4]}}),
