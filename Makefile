@@ -30,12 +30,13 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(PY) -m sglang_echo.serve.launch --spec $(SPEC) --port $(PORT) $(if $(DRAFT),--draft $(DRAFT))
 
-# Three pytest-xdist workers, one test file each at a time: a server start is mostly one core's
-# Python, so starts overlap well even on 2 cores (tests/conftest.py splits the compute threads and
-# each suite's ports between the workers). TEST_WORKERS=0 runs everything in one process.
+# Three pytest-xdist workers, one test file each at a time, the files that start servers first: a
+# server start is mostly one core's Python, so starts overlap well even on 2 cores (tests/conftest.py
+# orders the files and splits the compute threads and each suite's ports between the workers).
+# TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 3
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+	$(PY) -m pytest -q --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not server"

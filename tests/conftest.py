@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,21 @@ def pytest_configure(config):
         share = max(1, (os.cpu_count() or 1) // workers)
         os.environ["OMP_NUM_THREADS"] = str(share)
         torch.set_num_threads(share)
+
+
+@pytest.hookimpl(trylast=True)  # after the suites' own hooks have marked what they skip
+def pytest_collection_modifyitems(config, items):
+    """Files that start servers run first, those with the most server tests first.
+
+    ``make test`` hands pytest-xdist whole files in collection order (``--no-loadscope-reorder``;
+    xdist's own order, most tests first, left the few-test server files, minutes each, to the end
+    of the run, where one worker finished them while the others idled). Each file keeps its place
+    among equals and its tests their order."""
+    def server_tests(item) -> bool:
+        return item.get_closest_marker("server") is not None and item.get_closest_marker("skip") is None
+
+    per_file = Counter(item.path for item in items if server_tests(item))
+    items.sort(key=lambda item: -per_file[item.path])
 
 
 def worker_ports(ports: tuple[int, int]) -> tuple[int, int]:

@@ -37,6 +37,10 @@ MAX_NEW_TOKENS = 32
 WORKERS = 8
 STAGGER_S = 0.15  # request i is sent at i*STAGGER_S (capped by the pool): joins mid-decode
 SMOLLM2_PROMPT_TOKENS = 160
+# Temperature > 0 (test_sampled_server.py): token 1 nearly fixed, token 2 spread (E[max p(t2|t1)] = 0.16).
+SAMPLED_PROMPT = "I went to the market and bought"
+SAMPLES = 300
+TEMPERATURE = 1.0
 MATRIX_POLICIES = ("ar", "dense-gating", "fixed-threshold", "budgeted-chain")
 # Gating variants go to drafters whose drafts SmolLM2 accepts; the tiny EAGLE-3 pair rarely is.
 DEFAULT_PAIRS = {"eagle3": ("ar", "budgeted-chain"), "ngram": ("dense-gating",), "dart": ("fixed-threshold",),
@@ -107,30 +111,72 @@ def smollm2_prompts(smollm2_dir: Path) -> list[list[int]]:
             for p in prompts.load_mixed(4)]
 
 
-@pytest.fixture(scope="session")
-def smollm2_reference(smollm2_dir: Path, smollm2_prompts, tmp_path_factory) -> list[Generation]:
-    """A no-speculation SmolLM2 (float32) server's greedy outputs for :func:`smollm2_prompts`, 8
-    staggered: the reference of every drafter's SmolLM2 server tests.
+@dataclasses.dataclass
+class NoSpecReference:
+    """What a no-speculation SmolLM2 (float32) server answered: the greedy generations of
+    :func:`smollm2_prompts` (8 staggered) and :data:`SAMPLES` temperature-1 samples of
+    :data:`SAMPLED_PROMPT`'s first two tokens."""
 
-    One server per test run: under pytest-xdist each worker is a session of its own, so the first
-    worker to need the outputs serves them into the run's shared temporary folder and the others
-    read them there (a server start and 16 generations is minutes of CPU on a loaded CI host)."""
-    def serve() -> list[Generation]:
+    greedy: list[Generation]
+    sampled: list[tuple[int, int]]
+
+    def to_json(self) -> str:
+        return json.dumps({"greedy": [dataclasses.asdict(g) for g in self.greedy], "sampled": self.sampled})
+
+    @classmethod
+    def from_json(cls, text: str) -> "NoSpecReference":
+        row = json.loads(text)
+        return cls([Generation(**g) for g in row["greedy"]], [tuple(p) for p in row["sampled"]])
+
+
+@pytest.fixture(scope="session")
+def smollm2_nospec(smollm2_dir: Path, smollm2_prompts, sampled_prompt_ids, tmp_path_factory) -> NoSpecReference:
+    """The reference of every SmolLM2 server test, greedy and sampled, from one server per test run.
+
+    Under pytest-xdist each worker is a session of its own, so the first worker to need the
+    answers serves them into the run's shared temporary folder and the others read them there (a
+    server start is about 35 CPU seconds, minutes on a loaded CI host)."""
+    def serve() -> NoSpecReference:
         srv = start(smollm2_dir, tag="smollm2-nospec", enable_metrics=False)
         try:
-            return run_staggered(srv.base_url, smollm2_prompts)
+            return NoSpecReference(run_staggered(srv.base_url, smollm2_prompts),
+                                   sample_pairs(srv.base_url, sampled_prompt_ids)[0])
         finally:
             srv.stop()
 
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process: nothing to share (and no run folder)
         return serve()
-    shared = tmp_path_factory.getbasetemp().parent / "smollm2-reference.json"  # this run's, all workers'
+    shared = tmp_path_factory.getbasetemp().parent / "smollm2-nospec.json"  # this run's, all workers'
     with FileLock(f"{shared}.lock"):
         if shared.exists():
-            return [Generation(**row) for row in json.loads(shared.read_text())]
-        outputs = serve()
-        shared.write_text(json.dumps([dataclasses.asdict(g) for g in outputs]))
-        return outputs
+            return NoSpecReference.from_json(shared.read_text())
+        reference = serve()
+        shared.write_text(reference.to_json())
+        return reference
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2_nospec: NoSpecReference) -> list[Generation]:
+    """No speculation's greedy outputs for :func:`smollm2_prompts`."""
+    return smollm2_nospec.greedy
+
+
+@pytest.fixture(scope="session")
+def sampled_prompt_ids(smollm2_dir: Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_dir))(SAMPLED_PROMPT, add_special_tokens=False).input_ids
+
+
+def sample_pairs(url: str, ids: list[int]) -> tuple[list[tuple[int, int]], list[dict]]:
+    """:data:`SAMPLES` generations of 2 tokens at :data:`TEMPERATURE` in one batch: the token
+    pairs and their meta_info."""
+    body = {"input_ids": [ids] * SAMPLES,
+            "sampling_params": {"max_new_tokens": 2, "temperature": TEMPERATURE, "ignore_eos": True}}
+    r = requests.post(url + "/generate", json=body, timeout=900)
+    r.raise_for_status()
+    out = r.json()
+    return [tuple(o["output_ids"][:2]) for o in out], [o["meta_info"] for o in out]
 
 
 @pytest.fixture(scope="session")

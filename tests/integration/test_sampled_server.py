@@ -5,7 +5,8 @@ bonus token). So the joint distribution of (token 1, token 2) over many samples 
 must be the same with ECHO (EAGLE-3 head, and the n-gram drafter) as without speculation: a
 chi-square test of homogeneity. The same test, on the same reference samples, must reject what
 sglang did on CPU before the platform's sampled verify (token 2 = the target's argmax given
-token 1), so it cannot pass by lacking power.
+token 1), so it cannot pass by lacking power. The no-speculation samples come with the run's
+shared SmolLM2 reference (``smollm2_nospec`` in conftest.py).
 """
 
 from __future__ import annotations
@@ -13,27 +14,13 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-import requests
 from scipy.stats import chi2_contingency
 
-from .conftest import start
+from .conftest import SAMPLES, TEMPERATURE, sample_pairs, start
 
 pytestmark = pytest.mark.server
 
-SAMPLES = 300
 ALPHA = 1e-3
-TEMPERATURE = 1.0
-PROMPT = "I went to the market and bought"  # token 1 nearly fixed, token 2 spread: E[max p(t2|t1)] = 0.16
-
-
-def _sample(url: str, ids: list[int]) -> tuple[list[tuple[int, int]], list[dict]]:
-    """``SAMPLES`` generations of 2 tokens in one batch: the token pairs and their meta_info."""
-    body = {"input_ids": [ids] * SAMPLES,
-            "sampling_params": {"max_new_tokens": 2, "temperature": TEMPERATURE, "ignore_eos": True}}
-    r = requests.post(url + "/generate", json=body, timeout=900)
-    r.raise_for_status()
-    out = r.json()
-    return [tuple(o["output_ids"][:2]) for o in out], [o["meta_info"] for o in out]
 
 
 def _p_value(a: list, b: list) -> float:
@@ -47,19 +34,8 @@ def _p_value(a: list, b: list) -> float:
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(smollm2_dir) -> list[int]:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(smollm2_dir))(PROMPT, add_special_tokens=False).input_ids
-
-
-@pytest.fixture(scope="module")
-def reference(smollm2_dir, prompt_ids) -> list[tuple[int, int]]:
-    srv = start(smollm2_dir, tag="sampled-nospec", enable_metrics=False)
-    try:
-        return _sample(srv.base_url, prompt_ids)[0]
-    finally:
-        srv.stop()
+def reference(smollm2_nospec) -> list[tuple[int, int]]:
+    return smollm2_nospec.sampled
 
 
 def test_reference_is_spread_and_the_test_has_power(reference) -> None:
@@ -72,14 +48,14 @@ def test_reference_is_spread_and_the_test_has_power(reference) -> None:
 
 
 @pytest.mark.parametrize("drafter", ["eagle3", "ngram"])
-def test_echo_samples_the_target_distribution(drafter, smollm2_dir, prompt_ids, reference) -> None:
+def test_echo_samples_the_target_distribution(drafter, smollm2_dir, sampled_prompt_ids, reference) -> None:
     from sglang_echo.models.drafts import stage_head
 
     draft = stage_head(smollm2_dir) if drafter == "eagle3" else None
     env = {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": drafter}
     srv = start(smollm2_dir, spec="echo", draft=draft, env=env, tag=f"sampled-echo-{drafter}")
     try:
-        got, meta = _sample(srv.base_url, prompt_ids)
+        got, meta = sample_pairs(srv.base_url, sampled_prompt_ids)
     finally:
         srv.stop()
     assert sum(m["spec_verify_ct"] for m in meta) >= SAMPLES  # token 2 came from verify steps

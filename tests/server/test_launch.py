@@ -256,3 +256,21 @@ def test_server_cpu_seconds_count_the_whole_process_tree() -> None:
     finally:
         srv.stop(grace=1)
     assert srv.cpu_seconds() == 0.0
+
+
+def test_stop_does_not_wait_out_a_launcher_that_lingers_after_its_children() -> None:
+    """sglang's launcher, seeing a child die of the SIGTERM, sleeps before exiting: stop() kills
+    it once its children have exited instead of waiting out the grace period, and leaves nothing."""
+    lingering = ("import signal, subprocess, sys, time\n"
+                 "signal.signal(signal.SIGTERM, lambda *_: None)  # sglang's launcher: 'crash' diagnostics first\n"
+                 "c = subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(60)'],\n"
+                 "                     stdout=subprocess.PIPE, text=True)\n"
+                 "c.stdout.readline(); print(c.pid, flush=True); time.sleep(60)\n")
+    srv = SGLangServer(ServerOptions(port=32098, model_path=Path("unused")))
+    srv.proc = subprocess.Popen([sys.executable, "-c", lingering], stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    parent, child = srv.proc, int(srv.proc.stdout.readline())
+    t0 = time.monotonic()
+    srv.stop(grace=60)
+    assert time.monotonic() - t0 < 30, "stop() waited for the launcher after its children had exited"
+    assert parent.poll() is not None and not _running(child)

@@ -58,7 +58,6 @@ def test_an_offset_takes_the_pool_prompts_after_it_and_shards_resume(tmp_path, m
 def test_the_server_backend_answers_as_hf_generate(tmp_path, smollm2_dir):
     """SmolLM2 in float32, both backends: the same rows, shard by shard; a finished directory is
     not regenerated (resumable)."""
-    torch.set_num_threads(2)
     kw = dict(prompts=6, max_new=24, shard_size=4, dtype="float32", device="cpu")
     generate(smollm2_dir, tmp_path / "server", backend="server", batch=4, **kw)
     generate(smollm2_dir, tmp_path / "hf", backend="hf", batch=1, **kw)  # batch 1: no padding
