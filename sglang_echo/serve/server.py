@@ -188,7 +188,8 @@ class SGLangServer:
 
     def stop(self, grace: float = 10.0) -> None:
         """Terminate the whole process group: SIGTERM, then SIGKILL once sglang's children have
-        exited, or after `grace` seconds.
+        exited, or after `grace` seconds; return once the server's ports are free again (at most
+        `grace` seconds more).
 
         Not waiting for the launcher itself: when a child dies of the SIGTERM, sglang's launcher
         takes it for a crash and sleeps 5 s "to let GPU activity settle" before exiting, which is
@@ -214,6 +215,12 @@ class SGLangServer:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        # Done when the next server can take the ports: a killed process's sockets outlive it
+        # briefly (seen under load: the scheduler's rendezvous port, port + 1, still bound).
+        host, port, deadline = self.opts.host, self.opts.port, time.monotonic() + grace
+        while time.monotonic() < deadline and not (
+                all(map(_exited, children)) and port_is_free(port, host) and port_is_free(port + 1, host)):
+            time.sleep(0.05)
 
     def log_tail(self, n: int = 60) -> str:
         try:
