@@ -418,9 +418,8 @@ def main(argv: list[str] | None = None) -> None:
                          "time, --max-new tokens each (at least 1)")
     ap.add_argument("--dtype", default="float32", help="float32 keeps the token-for-token check exact")
     ap.add_argument("--max-total-tokens", type=int, default=None,
-                    help="every server's KV pool in tokens (default: make serve's, 16,384 on CPUs); speculative "
-                         "servers reserve draft slots per running request, so at high concurrency the pool decides "
-                         "how many requests they admit")
+                    help="every server's KV pool in tokens (default: make serve's: on CPUs 16,384, plus the draft "
+                         "slots a speculative server holds per running request)")
     ap.add_argument("--draft", default=None, help="EAGLE-3 head (default: the shipped head)")
     ap.add_argument("--echo-drafter", choices=DRAFTERS, default="eagle3",
                     help="the drafter of the echo* configs (echo-dart and echo-ngram pin theirs)")

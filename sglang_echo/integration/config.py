@@ -250,8 +250,11 @@ def load_config(
     topk: Optional[int] = None,
     num_draft_tokens: Optional[int] = None,
     environ: Optional[Mapping[str, str]] = None,
+    validate: bool = True,
 ) -> EchoConfig:
-    """Resolve (defaults < flags < file < env) and validate; see the module docstring."""
+    """Resolve (defaults < flags < file < env) and validate (unless told not to: the launcher sizes
+    the KV pool from the tree shape alone and leaves the rest to the server); see the module
+    docstring."""
     env = os.environ if environ is None else environ
     cfg, sources = EchoConfig(), []
     flags = {"max_depth": num_steps, "w_max": topk, "width": num_draft_tokens}
@@ -270,7 +273,7 @@ def load_config(
     if overrides:
         cfg, sources = replace(cfg, **overrides), sources + ["env " + ",".join(sorted(overrides))]
     cfg = replace(cfg, source=" < ".join(["defaults"] + sources))
-    return cfg.validate()
+    return cfg.validate() if validate else cfg
 
 
 def configured_drafter(environ: Optional[Mapping[str, str]] = None) -> str:

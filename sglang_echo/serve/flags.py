@@ -18,7 +18,9 @@ SPECS = ("none", "ngram", "eagle3", "echo")
 # Attention backend registered by sglang_echo.platform (pure torch, supports target-verify).
 CPU_ATTENTION_BACKEND = "echo_torch"
 # Without CUDA, sglang cannot profile free memory the GPU way; a fixed KV budget keeps the
-# pool small (2-core/24 GiB dev boxes) and start-up fast.
+# pool small (2-core/24 GiB dev boxes) and start-up fast. A speculative server gets this much
+# room for its requests' tokens plus the draft slots it holds per running request
+# (`cpu_kv_pool_tokens`).
 CPU_MAX_TOTAL_TOKENS = 16384
 # sglang resets a speculative server to 48 running requests unless told otherwise
 # (`arg_groups/speculative_hook.py`), so at 64-256 concurrent users requests queued behind 48
@@ -55,7 +57,7 @@ class ServerOptions:
     spec_options: SpecOptions = field(default_factory=SpecOptions)
     device: str | None = None  # None: cuda if available else cpu
     dtype: str | None = None  # None: sglang's "auto" (the checkpoint's dtype)
-    max_total_tokens: int | None = None  # None: CPU_MAX_TOTAL_TOKENS on CPU, sglang's on GPU
+    max_total_tokens: int | None = None  # None: cpu_kv_pool_tokens() on CPU, sglang's on GPU
     context_length: int | None = None
     max_running_requests: int | None = None
     enable_metrics: bool = False
@@ -178,6 +180,42 @@ def _spec_args(opts: ServerOptions) -> list[str]:
     raise LaunchError(f"unknown --spec {opts.spec!r}; choose from {SPECS}")
 
 
+def draft_slots_per_request(opts: ServerOptions) -> int:
+    """KV slots sglang's speculative scheduler holds per running request beyond its tokens, drafting
+    or not: 2 x max(steps x topk, draft tokens) at page size 1 (sglang's
+    ``mem_cache/allocation_sizing.get_alloc_reserve_per_decode``). 0 without speculation.
+
+    ECHO's shape is its own config's (``SGLANG_ECHO_*`` in this environment and ``extra_env``):
+    steps = max_depth, topk = max(2, w_max, frontier_width), draft tokens = its width, as
+    ``integration/spec.py:handle_server_args`` sets them. The server validates the rest.
+    """
+    s = opts.spec_options
+    if opts.spec == "none":
+        return 0
+    if opts.spec == "ngram":
+        steps, topk, tokens = 1, 1, s.num_draft_tokens
+    elif opts.spec == "echo":
+        from sglang_echo.integration.config import EchoConfigError, load_config
+
+        try:
+            cfg = load_config(environ={**os.environ, **dict(opts.extra_env)}, validate=False)
+        except EchoConfigError as e:
+            raise LaunchError(str(e)) from None
+        steps, topk, tokens = cfg.max_depth, max(2, cfg.w_max, cfg.frontier_width), cfg.resolved_width()
+    else:
+        steps, topk, tokens = s.num_steps, s.eagle_topk, s.num_draft_tokens
+    return 2 * max(steps * topk, tokens)
+
+
+def cpu_kv_pool_tokens(opts: ServerOptions, max_running: int | None) -> int:
+    """The CPU server's default KV pool: CPU_MAX_TOTAL_TOKENS for tokens, plus the draft slots of
+    ``max_running`` requests for a speculative server, so that it admits requests as a plain server
+    does. With the same 16,384 tokens, ECHO started 237 of 256 concurrent requests at once (plain
+    decoding: all 256) and the other 19 over a minute, at 0.90x plain decoding's tokens/s
+    (``benchmarks/results/serve-smollm2-high-concurrency``)."""
+    return CPU_MAX_TOTAL_TOKENS + (max_running or 0) * draft_slots_per_request(opts)
+
+
 def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCommand:
     device = resolve_device(opts.device)
     argv = [
@@ -189,6 +227,9 @@ def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCo
         "--random-seed", str(opts.random_seed),
         "--log-level", opts.log_level,
     ]
+    max_running = opts.max_running_requests
+    if max_running is None and device == "cpu" and opts.spec != "none":
+        max_running = CPU_SPEC_MAX_RUNNING_REQUESTS
     env: dict[str, str] = {}
     if device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
@@ -200,7 +241,7 @@ def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCo
             "--sampling-backend", "pytorch",
             "--cuda-graph-backend-decode", "disabled",
             "--cuda-graph-backend-prefill", "disabled",
-            "--max-total-tokens", str(opts.max_total_tokens or CPU_MAX_TOTAL_TOKENS),
+            "--max-total-tokens", str(opts.max_total_tokens or cpu_kv_pool_tokens(opts, max_running)),
             # The overlap scheduler's extra thread fights the compute threads for the few
             # cores: measured ~7x slower decode on the 2-core dev box (0.65 vs 0.09 s/token).
             "--disable-overlap-schedule",
@@ -215,9 +256,6 @@ def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCo
         argv += ["--dtype", opts.dtype]
     if opts.context_length:
         argv += ["--context-length", str(opts.context_length)]
-    max_running = opts.max_running_requests
-    if max_running is None and device == "cpu" and opts.spec != "none":
-        max_running = CPU_SPEC_MAX_RUNNING_REQUESTS
     if max_running:
         argv += ["--max-running-requests", str(max_running)]
     if opts.enable_metrics:

@@ -197,21 +197,25 @@ def test_max_new_jitter_spreads_budgets_the_same_way_every_time():
 
 
 def test_max_total_tokens_reaches_every_server(monkeypatch):
-    """--max-total-tokens sizes each config's KV pool (the default stays make serve's)."""
+    """--max-total-tokens sizes each config's KV pool; the default stays make serve's, for the
+    speculative servers with their draft slots for the bench's 256 running requests on top."""
     from types import SimpleNamespace
 
     from sglang_echo.bench import serve
-    from sglang_echo.serve.flags import build_command
+    from sglang_echo.serve.flags import CPU_MAX_TOTAL_TOKENS, build_command, draft_slots_per_request
 
     monkeypatch.setattr("sglang_echo.serve.flags.resolve_device", lambda _d: "cpu")
-    for pool, want in ((65536, "65536"), (None, "16384")):
+    for pool in (65536, None):
         args = SimpleNamespace(dtype="float32", max_total_tokens=pool, echo_drafter="eagle3", calibration=None)
         bench = SimpleNamespace(args=args, heads={"eagle3": "/heads/eagle3"}, pick=None, levels=[8, 256],
                                 model="/models/target")
         for name in ("none", "eagle3", "echo-cost"):
-            argv = build_command(serve._Server(bench, name, 30400).opts).argv
-            assert argv[argv.index("--max-total-tokens") + 1] == want
+            opts = serve._Server(bench, name, 30400).opts
+            argv = build_command(opts).argv
+            want = pool or CPU_MAX_TOTAL_TOKENS + 256 * draft_slots_per_request(opts)
+            assert argv[argv.index("--max-total-tokens") + 1] == str(want)
             assert argv[argv.index("--max-running-requests") + 1] == "256"
+            assert pool or (want > CPU_MAX_TOTAL_TOKENS) == (name != "none")
 
 
 def test_step_table_compares_full_batch_steps_within_a_pass():

@@ -152,6 +152,40 @@ def test_cpu_speculative_servers_are_not_capped_at_sglangs_48(tmp_path: Path) ->
     assert running(spec="none") is None
 
 
+def test_cpu_speculative_servers_get_their_draft_slots_on_top_of_the_kv_pool(tmp_path: Path) -> None:
+    """A speculative CPU server's default pool is plain decoding's plus the slots sglang holds per
+    running request for the next step, so both admit the same requests; an explicit size wins."""
+    def pool(**kw) -> int:
+        argv = build_command(ServerOptions(model_path=tmp_path, device="cpu", draft_path=tmp_path, **kw)).argv
+        return int(argv[argv.index("--max-total-tokens") + 1])
+
+    base = flags.CPU_MAX_TOTAL_TOKENS
+    assert pool(spec="none") == base
+    assert pool(spec="eagle3", spec_options=SpecOptions(3, 3, 5), max_running_requests=8) == base + 8 * 2 * 9
+    assert pool(spec="ngram", spec_options=SpecOptions(num_draft_tokens=12), max_running_requests=8) == base + 8 * 24
+    # ECHO's shape is its config's: depth 4, topk max(2, w_max 2), width 7 by default -> 2 x 8 slots
+    assert pool(spec="echo") == base + flags.CPU_SPEC_MAX_RUNNING_REQUESTS * 16
+    assert pool(spec="echo", extra_env=(("SGLANG_ECHO_MAX_DEPTH", "6"),)) == base + flags.CPU_SPEC_MAX_RUNNING_REQUESTS * 24
+    assert pool(spec="echo", max_total_tokens=4096) == 4096
+    with pytest.raises(LaunchError, match="SGLANG_ECHO_MAX_DEPTH"):
+        pool(spec="echo", extra_env=(("SGLANG_ECHO_MAX_DEPTH", "deep"),))
+
+
+def test_draft_slots_per_request_match_sglangs_own_reservation(tmp_path: Path, monkeypatch) -> None:
+    """The slots counted above are sglang's ``get_alloc_reserve_per_decode`` for the same shape."""
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache import allocation_sizing
+
+    for steps, topk, tokens in ((3, 1, 4), (3, 3, 5), (2, 2, 8), (5, 4, 8)):
+        monkeypatch.setattr(allocation_sizing, "get_spec", lambda: SimpleNamespace(
+            speculative_algorithm="EAGLE3", speculative_num_steps=steps, speculative_eagle_topk=topk))
+        monkeypatch.setattr(allocation_sizing, "max_speculative_num_draft_tokens", lambda: tokens)
+        monkeypatch.setattr(allocation_sizing, "get_alloc_page_size", lambda: 1)
+        opts = ServerOptions(model_path=tmp_path, spec="eagle3", spec_options=SpecOptions(steps, topk, tokens))
+        assert flags.draft_slots_per_request(opts) == allocation_sizing.get_alloc_reserve_per_decode()
+
+
 def test_cpu_servers_keep_mallocs_large_blocks_unless_told_otherwise(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")  # the operator's own setting wins
