@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Callable
 
 from sglang_echo.serve.flags import LaunchCommand, ServerOptions, build_command
 
@@ -201,9 +202,7 @@ class SGLangServer:
         pgid = proc.pid  # == pgid thanks to start_new_session
         children = _descendants(proc.pid)
         _signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while proc.poll() is None and not all(map(_exited, children)) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_until(lambda: proc.poll() is not None or all(map(_exited, children)), grace)
         _signal_group(pgid, signal.SIGKILL)
         # Children that left the group (setsid) are still ours: kill them by pid.
         for pid in children:
@@ -217,10 +216,9 @@ class SGLangServer:
             pass
         # Done when the next server can take the ports: a killed process's sockets outlive it
         # briefly (seen under load: the scheduler's rendezvous port, port + 1, still bound).
-        host, port, deadline = self.opts.host, self.opts.port, time.monotonic() + grace
-        while time.monotonic() < deadline and not (
-                all(map(_exited, children)) and port_is_free(port, host) and port_is_free(port + 1, host)):
-            time.sleep(0.05)
+        host, port = self.opts.host, self.opts.port
+        _wait_until(lambda: all(map(_exited, children)) and port_is_free(port, host) and port_is_free(port + 1, host),
+                    grace)
 
     def log_tail(self, n: int = 60) -> str:
         try:
@@ -244,6 +242,16 @@ class SGLangServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _wait_until(done: Callable[[], bool], seconds: float, poll: float = 0.05) -> bool:
+    """Poll ``done`` until it holds (True) or ``seconds`` have passed (False)."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+    return True
 
 
 def _signal_group(pgid: int, sig: int) -> None:
