@@ -110,6 +110,12 @@ class EchoConfig:
             return self.w_max
         return 1
 
+    @property
+    def sglang_topk(self) -> int:
+        """``--speculative-eagle-topk`` for this config: the children the draft worker takes per
+        frontier slot, at least 2 (sglang's verify path needs a tree for topk >= 2)."""
+        return max(2, self.w_max, self.frontier_width)
+
     def resolved_width(self) -> int:
         if self.width is not None:
             return self.width
@@ -353,7 +359,7 @@ def check_consistent(cfg: EchoConfig, steps: int, topk: int, num_draft_tokens: i
     problems = []
     if steps != cfg.max_depth:
         problems.append(f"--speculative-num-steps={steps} but ECHO max_depth={cfg.max_depth}")
-    if topk < max(2, cfg.w_max, cfg.frontier_width):
+    if topk < cfg.sglang_topk:
         problems.append(f"--speculative-eagle-topk={topk} < ECHO w_max={cfg.w_max}")
     if num_draft_tokens != cfg.resolved_width():
         problems.append(f"--speculative-num-draft-tokens={num_draft_tokens} but ECHO width={cfg.resolved_width()}")

@@ -174,6 +174,6 @@ def handle_server_args(sa) -> None:
     if sa.enable_mixed_chunk:
         sa.enable_mixed_chunk = False
     sa.speculative_num_steps = cfg.max_depth
-    sa.speculative_eagle_topk = max(2, cfg.w_max, cfg.frontier_width)
+    sa.speculative_eagle_topk = cfg.sglang_topk
     sa.speculative_num_draft_tokens = cfg.resolved_width()
     log.info("ECHO: %s", cfg.describe())

@@ -185,9 +185,8 @@ def draft_slots_per_request(opts: ServerOptions) -> int:
     or not: 2 x max(steps x topk, draft tokens) at page size 1 (sglang's
     ``mem_cache/allocation_sizing.get_alloc_reserve_per_decode``). 0 without speculation.
 
-    ECHO's shape is its own config's (``SGLANG_ECHO_*`` in this environment and ``extra_env``):
-    steps = max_depth, topk = max(2, w_max, frontier_width), draft tokens = its width, as
-    ``integration/spec.py:handle_server_args`` sets them. The server validates the rest.
+    ECHO's shape is its own config's (``SGLANG_ECHO_*`` in this environment and ``extra_env``),
+    as ``integration/spec.py:handle_server_args`` sets it. The server validates the rest.
     """
     s = opts.spec_options
     if opts.spec == "none":
@@ -201,7 +200,7 @@ def draft_slots_per_request(opts: ServerOptions) -> int:
             cfg = load_config(environ={**os.environ, **dict(opts.extra_env)}, validate=False)
         except EchoConfigError as e:
             raise LaunchError(str(e)) from None
-        steps, topk, tokens = cfg.max_depth, max(2, cfg.w_max, cfg.frontier_width), cfg.resolved_width()
+        steps, topk, tokens = cfg.max_depth, cfg.sglang_topk, cfg.resolved_width()
     else:
         steps, topk, tokens = s.num_steps, s.eagle_topk, s.num_draft_tokens
     return 2 * max(steps * topk, tokens)
