@@ -360,7 +360,7 @@ def check_consistent(cfg: EchoConfig, steps: int, topk: int, num_draft_tokens: i
     if steps != cfg.max_depth:
         problems.append(f"--speculative-num-steps={steps} but ECHO max_depth={cfg.max_depth}")
     if topk < cfg.sglang_topk:
-        problems.append(f"--speculative-eagle-topk={topk} < ECHO w_max={cfg.w_max}")
+        problems.append(f"--speculative-eagle-topk={topk} but ECHO needs {cfg.sglang_topk} (w_max={cfg.w_max})")
     if num_draft_tokens != cfg.resolved_width():
         problems.append(f"--speculative-num-draft-tokens={num_draft_tokens} but ECHO width={cfg.resolved_width()}")
     if problems:

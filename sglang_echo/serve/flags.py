@@ -191,7 +191,7 @@ def draft_slots_per_request(opts: ServerOptions) -> int:
     s = opts.spec_options
     if opts.spec == "none":
         return 0
-    if opts.spec == "ngram":
+    if opts.spec == "ngram":  # sglang sets steps = draft tokens // topk, so steps x topk <= draft tokens
         steps, topk, tokens = 1, 1, s.num_draft_tokens
     elif opts.spec == "echo":
         from sglang_echo.integration.config import EchoConfigError, load_config
