@@ -180,29 +180,51 @@ def _spec_args(opts: ServerOptions) -> list[str]:
     raise LaunchError(f"unknown --spec {opts.spec!r}; choose from {SPECS}")
 
 
+def extra_int_flag(opts: ServerOptions, flag: str) -> int | None:
+    """The value sglang will read for ``flag`` from the arguments passed through after ``--``
+    (``--flag N`` or ``--flag=N``; argparse keeps the last), or None where they do not set it."""
+    value, args = None, opts.extra_args
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise LaunchError(f"{flag} {value!r}: expected an integer") from None
+
+
 def draft_slots_per_request(opts: ServerOptions) -> int:
     """KV slots sglang's speculative scheduler holds per running request beyond its tokens, drafting
     or not: 2 x max(steps x topk, draft tokens) at page size 1 (sglang's
     ``mem_cache/allocation_sizing.get_alloc_reserve_per_decode``). 0 without speculation.
 
-    ECHO's shape is its own config's (``SGLANG_ECHO_*`` in this environment and ``extra_env``),
-    as ``integration/spec.py:handle_server_args`` sets it. The server validates the rest.
+    The shape is the one the server will run: ``--speculative-*`` flags passed after ``--`` win
+    over ``spec_options``; ECHO's comes from its own config (those flags, then ``SGLANG_ECHO_*``
+    in this environment and ``extra_env``), as ``integration/spec.py:handle_server_args`` sets it.
+    The server validates the rest.
     """
-    s = opts.spec_options
     if opts.spec == "none":
         return 0
-    if opts.spec == "ngram":  # sglang sets steps = draft tokens // topk, so steps x topk <= draft tokens
-        steps, topk, tokens = 1, 1, s.num_draft_tokens
-    elif opts.spec == "echo":
+    s = opts.spec_options
+    steps, topk, tokens = (extra_int_flag(opts, "--speculative-" + name)
+                           for name in ("num-steps", "eagle-topk", "num-draft-tokens"))
+    if opts.spec == "echo":
         from sglang_echo.integration.config import EchoConfigError, load_config
 
         try:
-            cfg = load_config(environ={**os.environ, **dict(opts.extra_env)}, validate=False)
+            cfg = load_config(num_steps=steps, topk=topk, num_draft_tokens=tokens,
+                              environ={**os.environ, **dict(opts.extra_env)}, validate=False)
         except EchoConfigError as e:
             raise LaunchError(str(e)) from None
         steps, topk, tokens = cfg.max_depth, cfg.sglang_topk, cfg.resolved_width()
+    elif opts.spec == "ngram":  # sglang sets steps = draft tokens // topk, so steps x topk <= draft tokens
+        steps, topk, tokens = 1, 1, tokens or s.num_draft_tokens
     else:
-        steps, topk, tokens = s.num_steps, s.eagle_topk, s.num_draft_tokens
+        steps, topk, tokens = steps or s.num_steps, topk or s.eagle_topk, tokens or s.num_draft_tokens
     return 2 * max(steps * topk, tokens)
 
 
@@ -227,7 +249,8 @@ def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCo
         "--log-level", opts.log_level,
     ]
     max_running = opts.max_running_requests
-    if max_running is None and device == "cpu" and opts.spec != "none":
+    passed_through = extra_int_flag(opts, "--max-running-requests")  # sizes the pool; sglang reads it
+    if max_running is None and passed_through is None and device == "cpu" and opts.spec != "none":
         max_running = CPU_SPEC_MAX_RUNNING_REQUESTS
     env: dict[str, str] = {}
     if device == "cpu":
@@ -240,7 +263,7 @@ def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCo
             "--sampling-backend", "pytorch",
             "--cuda-graph-backend-decode", "disabled",
             "--cuda-graph-backend-prefill", "disabled",
-            "--max-total-tokens", str(opts.max_total_tokens or cpu_kv_pool_tokens(opts, max_running)),
+            "--max-total-tokens", str(opts.max_total_tokens or cpu_kv_pool_tokens(opts, passed_through or max_running)),
             # The overlap scheduler's extra thread fights the compute threads for the few
             # cores: measured ~7x slower decode on the 2-core dev box (0.65 vs 0.09 s/token).
             "--disable-overlap-schedule",

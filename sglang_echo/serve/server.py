@@ -190,7 +190,7 @@ class SGLangServer:
     def stop(self, grace: float = 10.0) -> None:
         """Terminate the whole process group: SIGTERM, then SIGKILL once sglang's children have
         exited, or after `grace` seconds; return once the server's ports are free again (at most
-        `grace` seconds more).
+        `grace` seconds more: a port still bound then is reported by the next start() on it).
 
         Not waiting for the launcher itself: when a child dies of the SIGTERM, sglang's launcher
         takes it for a crash and sleeps 5 s "to let GPU activity settle" before exiting, which is

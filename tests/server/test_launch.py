@@ -171,6 +171,32 @@ def test_cpu_speculative_servers_get_their_draft_slots_on_top_of_the_kv_pool(tmp
         pool(spec="echo", extra_env=(("SGLANG_ECHO_MAX_DEPTH", "deep"),))
 
 
+def test_cpu_kv_pool_counts_the_shape_and_running_requests_passed_after_the_double_dash(tmp_path: Path) -> None:
+    """sglang reads the last ``--speculative-*`` / ``--max-running-requests`` it is given, so the
+    pool is sized from what is passed through after ``--``, not from the options it overrides."""
+    def launch(extra: tuple[str, ...], **kw) -> list[str]:
+        return build_command(ServerOptions(model_path=tmp_path, device="cpu", draft_path=tmp_path,
+                                           extra_args=extra, **kw)).argv
+
+    def pool(extra: tuple[str, ...], **kw) -> int:
+        argv = launch(extra, **kw)
+        return int(argv[argv.index("--max-total-tokens") + 1])
+
+    base = flags.CPU_MAX_TOTAL_TOKENS
+    paper_tree = ("--speculative-num-steps", "8", "--speculative-eagle-topk=10", "--speculative-num-draft-tokens", "60")
+    assert pool(paper_tree, spec="eagle3", spec_options=SpecOptions(3, 3, 5), max_running_requests=8) == base + 8 * 160
+    assert pool(("--speculative-num-draft-tokens", "12"), spec="ngram", max_running_requests=8) == base + 8 * 24
+    # ECHO reads sglang's flags into its config (depth 6 -> 2 x max(6 x 2, 7) slots) ...
+    assert pool(("--speculative-num-steps", "6"), spec="echo") == base + flags.CPU_SPEC_MAX_RUNNING_REQUESTS * 24
+    # ... and a passed-through --max-running-requests replaces the CPU default of 256 instead of joining it
+    argv = launch(("--max-running-requests", "32"), spec="echo")
+    assert argv.count("--max-running-requests") == 1
+    assert pool(("--max-running-requests", "32"), spec="echo") == base + 32 * 16
+    assert pool(("--max-running-requests", "32"), spec="echo", max_running_requests=64) == base + 32 * 16
+    with pytest.raises(LaunchError, match="--speculative-num-steps 'deep': expected an integer"):
+        pool(("--speculative-num-steps", "deep"), spec="eagle3")
+
+
 def test_draft_slots_per_request_match_sglangs_own_reservation(tmp_path: Path, monkeypatch) -> None:
     """The slots counted above are sglang's ``get_alloc_reserve_per_decode`` for the same shape."""
     from types import SimpleNamespace
