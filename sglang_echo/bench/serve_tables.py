@@ -194,7 +194,8 @@ def _full_batch_forward_ms(r: Run) -> float | None:
 def step_table(runs: list[Run]) -> list[str]:
     """The scheduler's own step times per level (``platform.step_times``, CPU servers): a decode
     step's cost at a full batch side by side with ``none``'s, and the prefill forwards that
-    admitted the level's requests."""
+    admitted the level's requests, with what they spent beyond the target's forward (a
+    speculative server's draft extend over the prompts)."""
     rows = [r for r in runs if r.step_times]
     if not rows:
         return []
@@ -205,19 +206,22 @@ def step_table(runs: list[Run]) -> list[str]:
 
     out = ["Scheduler steps per level (server log, `SGLANG_ECHO_STEP_TIMES`; a decode step of a speculative "
            "server is its whole draft-verify-extend step; its target forward is the target model's decode or "
-           "verify forward in it, the rest of the step is everything else):", "",
+           "verify forward in it, the rest of the step is everything else; a prefill's rest is what it "
+           "spent beyond the target's forward):", "",
            ("| config | concurrency | decode steps | decode s | mean decode batch | ms/step at batch = concurrency | "
-            "vs none | target forward ms | vs none | rest ms | prefill forwards | prefill s |"),
-           "|" + " --- |" * 12]
+            "vs none | target forward ms | vs none | rest ms | prefill forwards | prefill s | prefill rest s |"),
+           "|" + " --- |" * 13]
     for r in rows:
         dn, ds, db = _steps(r.step_times.get("decode", {}))
         pn, ps, _ = _steps(r.step_times.get("prefill", {}))
+        target_prefill = r.step_times.get("target_prefill")  # older logs: not timed
+        prefill_rest = ps - _steps(target_prefill)[1] if target_prefill else None
         full, fwd = _full_batch_ms(r), _full_batch_forward_ms(r)
         key = (r.repeat, r.concurrency)
         rest = full - fwd if full is not None and fwd is not None else None
         out.append(f"| {_label(r)} | {r.concurrency} | {dn} | {ds:.1f} | {db:.1f} | {_f(full, '.1f')} | "
                    f"{vs_none(full, base.get(key), r)} | {_f(fwd, '.1f')} | {vs_none(fwd, base_fwd.get(key), r)} | "
-                   f"{_f(rest, '.1f')} | {pn} | {ps:.1f} |")
+                   f"{_f(rest, '.1f')} | {pn} | {ps:.1f} | {_f(prefill_rest, '.2f')} |")
     return out
 
 

@@ -8,7 +8,7 @@ from .baselines import Autoregressive, BudgetedChain, Chain, StaticTree
 from .calibration_file import Calibration, CalibrationError, DepthStats, fingerprint, load_calibration
 from .factory import POLICIES, PolicyConfig, make_policy
 from .gating import GatingConfig, layer_confidence
-from .metrics import MetricsTotals, StepMetrics, step_metrics
+from .metrics import MetricsTotals, StepMetrics
 from .pack import PackedBatch, PaddedTrees, pack
 from .policy import BuildState, Frontier, TreeDrafter, TreePolicy, build_trees
 from .scheduler import ElasticConfig, ElasticPolicy

@@ -21,10 +21,6 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .policy import BuildState
-from .tree import DraftTrees
-from .verify import VerifyResult
-
 
 @dataclass
 class StepMetrics:
@@ -63,17 +59,6 @@ class StepMetrics:
     @property
     def budget_used(self) -> Optional[float]:
         return self.verified_tokens / self.k_max if self.k_max else None
-
-
-def step_metrics(trees: DraftTrees, result: VerifyResult, state: BuildState, k_max: Optional[int] = None) -> StepMetrics:
-    return StepMetrics(
-        tree_size=trees.sizes.cpu(),
-        tree_depth=trees.max_depth().cpu(),
-        accept_len=result.accept_len.cpu(),
-        gate_evaluated=state.gate_evaluated.cpu(),
-        gate_passed=state.gate_passed.cpu(),
-        k_max=k_max,
-    )
 
 
 @dataclass

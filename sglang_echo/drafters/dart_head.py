@@ -40,7 +40,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .base import head_kind
 from .checkpoint import read_config, read_weights
 from .eagle3_head import ARCHITECTURE as EAGLE3_ARCHITECTURE
 from .eagle3_head import Eagle3Config, Eagle3Head, rope
@@ -87,11 +86,6 @@ class DartConfig(Eagle3Config):
         base = Eagle3Config.from_hf({**cfg, "architectures": [EAGLE3_ARCHITECTURE]}, num_target_layers)
         return cls(**asdict(base), depth=int(cfg["draft_length"]) + 1,
                    shared_mask=cfg.get("dart_mask_embeddings", "shared") == "shared")
-
-
-def is_dart_head(path) -> bool:
-    """Whether ``path`` is a head directory whose ``config.json`` names DART's architecture."""
-    return head_kind(path) == "dart"
 
 
 class DartHead(Eagle3Head):

@@ -4,8 +4,8 @@
   EAGLE-3, DART and DFlash heads trained for SmolLM2-135M-Instruct by ``echo-train-drafter``
   (``sglang_echo/assets/``, each with its model card; :data:`SHIPPED`). It is staged into the cache next to the target with the target's tokenizer files,
   because sglang's draft runner loads a tokenizer from the draft directory.
-* :func:`early_exit_draft` writes an untrained EAGLE-3-format head from the target's own weights
-  (FC keeps the deepest captured state, the decoder layer is an identity, norm and LM head are the
+* ``models.tiny.write_tiny_eagle3_draft(..., init="early_exit")`` writes an untrained EAGLE-3-format
+  head from the target's own weights (FC keeps the deepest captured state, the decoder layer is an identity, norm and LM head are the
   target's). It is plumbing-grade: EAGLE-3 pairs the root token ``x_n`` with the hidden state at
   ``n-1``, whose early exit predicts ``x_n`` itself, so it is accepted only where text repeats
   (MAT about 1.1). Tests use it to exercise every code path without depending on training.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..drafters.dart_head import TRIE_FILE
 from .cache import atomic_dir, is_fresh, locked, models_dir
-from .tiny import copy_tokenizer, write_tiny_eagle3_draft
+from .tiny import copy_tokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SMOLLM2_EAGLE3 = ASSETS / "eagle3-smollm2-135m-instruct"
@@ -74,12 +74,3 @@ def shipped_head(target_dir: Path, drafter: str) -> Path:
     if head is None or not (head / "config.json").is_file():
         raise DraftMismatch(f"no {drafter} head ships with sglang-echo: pass one (--draft)")
     return stage_head(target_dir, head)
-
-
-def early_exit_draft(target_dir: Path, out: Path | None = None) -> Path:
-    """The early-exit head for ``target_dir`` (cached next to the prepared models)."""
-    target_dir = Path(target_dir)
-    vocab = json.loads((target_dir / "config.json").read_text())["vocab_size"]
-    out = out or models_dir() / f"{target_dir.name}-early-exit-eagle3"
-    write_tiny_eagle3_draft(out, target_dir, draft_vocab_size=vocab, init="early_exit", dtype="bfloat16")
-    return out

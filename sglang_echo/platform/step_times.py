@@ -13,7 +13,9 @@ up to ``LOG_EVERY_S`` after the server went idle; :func:`read_step_times` takes 
 The target model's own forward (``ModelRunner._forward_raw`` of the target, decode or target
 verify) is timed as kind ``target_forward``, so a comparison can split a step into the forward,
 which both servers run on the same tokens when ECHO decodes plainly, and the rest (sampling or
-acceptance, drafting, bookkeeping). Draft-model forwards are left out: they are the rest.
+acceptance, drafting, bookkeeping). Its prefill forwards are kind ``target_prefill``: what a
+speculative server's prefill adds beyond them is mostly the draft model's extend over the prompt.
+Draft-model forwards are left out: they are the rest.
 """
 
 from __future__ import annotations
@@ -119,11 +121,13 @@ def _timed_run_batch(original: Callable[..., Any], scheduler: Any, batch: Any, *
 
 def _timed_target_forward(original: Callable[..., Any], runner: Any, forward_batch: Any, *args: Any,
                           **kwargs: Any) -> Any:
-    if getattr(runner, "is_draft_worker", False) or not _is_decode_step(forward_batch.forward_mode):
+    mode = forward_batch.forward_mode
+    kind = "target_forward" if _is_decode_step(mode) else "target_prefill" if mode.is_extend() else None
+    if getattr(runner, "is_draft_worker", False) or kind is None:
         return original(runner, forward_batch, *args, **kwargs)
     t0 = time.perf_counter()
     result = original(runner, forward_batch, *args, **kwargs)
-    _TIMES.add("target_forward", forward_batch.batch_size, time.perf_counter() - t0)
+    _TIMES.add(kind, forward_batch.batch_size, time.perf_counter() - t0)
     return result
 
 

@@ -221,19 +221,20 @@ def test_max_total_tokens_reaches_every_server(monkeypatch):
 def test_step_table_compares_full_batch_steps_within_a_pass():
     """Each level's scheduler steps (server log): ms per decode step and per target forward at batch =
     concurrency against none's of the same pass, the rest of the step, and the prefill forwards that
-    admitted the level."""
+    admitted the level with what they spent beyond the target's forward."""
     runs = [Run("none", 8, 8, 2.0, 64, 0, None, step_times={"decode": {"8": [10, 1.0], "3": [2, 0.1]},
                                                               "target_forward": {"8": [10, 0.9], "3": [2, 0.08]},
                                                               "prefill": {"8": [1, 0.4]}}),
             Run("echo", 8, 8, 2.0, 64, 32, True, step_times={"decode": {"8": [5, 0.55]},
                                                                "target_forward": {"8": [5, 0.45]},
-                                                               "prefill": {"4": [2, 0.3], "8": [1, 0.5]}}),
+                                                               "prefill": {"4": [2, 0.3], "8": [1, 0.5]},
+                                                               "target_prefill": {"4": [2, 0.25], "8": [1, 0.45]}}),
             Run("echo", 8, 8, 2.0, 64, 32, True, repeat=1, step_times={"decode": {"8": [5, 0.5]}}),  # older log: no forwards
             Run("eagle3", 8, 8, 2.0, 64, 32, True)]  # no step times (older file, GPU server): left out
     md = markdown(Report({"platform": "test", "cpus": 2}, {}, runs))
-    assert "| none | 8 | 12 | 1.1 | 7.2 | 100.0 | - | 90.0 | - | 10.0 | 1 | 0.4 |" in md
-    assert "| echo | 8 | 5 | 0.6 | 8.0 | 110.0 | 1.100x | 90.0 | 1.000x | 20.0 | 3 | 0.8 |" in md
-    assert "| echo (pass 2) | 8 | 5 | 0.5 | 8.0 | 100.0 | - | - | - | - | 0 | 0.0 |" in md  # no none in pass 2
+    assert "| none | 8 | 12 | 1.1 | 7.2 | 100.0 | - | 90.0 | - | 10.0 | 1 | 0.4 | - |" in md  # no target prefills
+    assert "| echo | 8 | 5 | 0.6 | 8.0 | 110.0 | 1.100x | 90.0 | 1.000x | 20.0 | 3 | 0.8 | 0.10 |" in md
+    assert "| echo (pass 2) | 8 | 5 | 0.5 | 8.0 | 100.0 | - | - | - | - | 0 | 0.0 | - |" in md  # no none in pass 2
     assert "| eagle3 | 8 |" not in md.split("Scheduler steps")[1]
 
 

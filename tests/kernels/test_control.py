@@ -21,7 +21,7 @@ from sglang_echo.core import PolicyConfig, build_trees, make_policy
 from sglang_echo.core.factory import max_tree_size
 from sglang_echo.core.graphs import GraphedTreeBuilder
 from sglang_echo.core.factory import ELASTIC_POLICIES, POLICIES
-from sglang_echo.core.pack import pad_pool, pad_trees
+from sglang_echo.core.pack import pad_pool
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
 from sglang_echo.core.tree import DraftTrees
 from sglang_echo.integration.padded import DenseVerifyTensors, dense_from_padded, to_sglang_dense

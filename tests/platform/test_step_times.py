@@ -75,8 +75,9 @@ def test_compare_reads_the_last_line_of_each_log(tmp_path):
     assert "| 9 |" not in table  # too few steps in one of the logs
 
 
-def test_the_target_forward_is_timed_apart_from_draft_forwards_and_prefills(monkeypatch):
-    """Kind ``target_forward``: the target runner's decode and verify forwards, by batch size."""
+def test_the_target_forward_is_timed_apart_from_draft_forwards(monkeypatch):
+    """Kind ``target_forward``: the target runner's decode and verify forwards, by batch size; kind
+    ``target_prefill``: its extends. The draft runner's forwards are not timed."""
     times = step_times.StepTimes()
     monkeypatch.setattr(step_times, "_TIMES", times)
     target, draft = SimpleNamespace(is_draft_worker=False), SimpleNamespace(is_draft_worker=True)
@@ -91,5 +92,6 @@ def test_the_target_forward_is_timed_apart_from_draft_forwards_and_prefills(monk
         assert step_times._timed_target_forward(forward_raw, runner, batch, None, split_forward_count=1) == (
             runner, (None,), {"split_forward_count": 1})
     snap = times.snapshot()
-    assert set(snap) == {"target_forward"}
+    assert set(snap) == {"target_forward", "target_prefill"}
     assert {bs: n for bs, (n, _) in snap["target_forward"].items()} == {"8": 2, "5": 1}
+    assert {bs: n for bs, (n, _) in snap["target_prefill"].items()} == {"3": 1}
