@@ -352,9 +352,9 @@ class _Server:
         self.srv.stop()
 
     def measure(self, c: int, rep: int) -> Run:
-        """One concurrency level: ``c x --rounds`` requests, ``c`` at a time."""
+        """One concurrency level: :func:`level_requests` requests, ``c`` at a time."""
         bench, name, url = self.bench, self.name, self.srv.base_url
-        n = max(c * bench.args.rounds, c)
+        n = level_requests(c, bench.args.rounds, bench.args.min_requests)
         prompts = (bench.pool * (1 + n // len(bench.pool)))[:n]
         sets = (bench.datasets * (1 + n // len(bench.datasets)))[:n]
         echo = self.spec == "echo"
@@ -380,6 +380,13 @@ class _Server:
         return r
 
 
+def level_requests(concurrency: int, rounds: int, min_requests: int = 0) -> int:
+    """Requests in one level: ``concurrency x rounds``, at least ``concurrency`` and ``min_requests``
+    (so that a sweep of 1 to 256 gives its low levels more than one round of requests without
+    giving its high levels many)."""
+    return max(concurrency * rounds, concurrency, min_requests)
+
+
 def _progress(r: Run) -> str:
     mat = f"{r.mat:.2f}" if r.mat else "-"
     line = f"{r.config:>10} c={r.concurrency:<3} {r.tokens_per_s:7.2f} tok/s  MAT {mat:>5}  lossless {r.lossless}"
@@ -403,6 +410,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--configs", default="none,ngram,eagle3,echo", help=f"comma list of {','.join(CONFIGS)}")
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--rounds", type=int, default=1, help="requests per level = concurrency x rounds")
+    ap.add_argument("--min-requests", type=int, default=0,
+                    help="at least this many requests per level (low concurrencies in a sweep up to 256)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="passes over the configs, alternating their order; speedups compare runs of one pass")
     ap.add_argument("--interleave", action="store_true",

@@ -257,7 +257,7 @@ def test_step_times_are_taken_around_each_level_from_the_server_log(monkeypatch,
 
     monkeypatch.setattr(serve, "_one_level", one_level)
     monkeypatch.setattr(step_times, "LOG_EVERY_S", 0.0)
-    args = SimpleNamespace(rounds=1, max_new=4, max_new_jitter=0)
+    args = SimpleNamespace(rounds=1, min_requests=0, max_new=4, max_new_jitter=0)
     bench = SimpleNamespace(args=args, pool=["a", "b"], datasets=["x", "y"], reference={})
     for device, want in (("cpu", {"decode": {"2": [5, 0.5]}, "prefill": {"2": [1, 0.2]}}), ("cuda", None)):
         srv = SimpleNamespace(base_url="http://x", log_path=log, command=SimpleNamespace(device=device),
@@ -265,6 +265,13 @@ def test_step_times_are_taken_around_each_level_from_the_server_log(monkeypatch,
         server = object.__new__(serve._Server)
         server.bench, server.name, server.spec, server.nominal, server.srv = bench, "none", "none", None, srv
         assert server.measure(2, 0).step_times == want
+
+
+def test_levels_have_concurrency_x_rounds_requests_and_at_least_min_requests():
+    from sglang_echo.bench.serve import level_requests
+
+    assert level_requests(8, 2) == 16 and level_requests(256, 1, 16) == 256
+    assert level_requests(1, 1, 16) == 16 and level_requests(4, 0) == 4
 
 
 def test_warmup_level_cycles_the_pool_at_a_batch_with_room_to_draft():
