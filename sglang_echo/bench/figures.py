@@ -4,10 +4,11 @@
   (ECHO Fig. 5's shape), and next to it the speedup over ``none`` at each level; configurations
   other than ``none``/``eagle3`` are labelled with their largest gain over ``eagle3`` (as Fig. 5
   prints under each column).
-* ``utilisation.png``: per-request draft utilisation u = MAT / depth as box plots per
-  configuration at each concurrency (ECHO Fig. 4: box = 25th-75th percentile, whiskers
-  5th-95th, mean marked). Needs the per-request records (``per_request[*].u``); results written
-  before they existed get no utilisation figure, the others are still drawn.
+* ``utilisation.png``: per-request draft utilisation u = MAT / depth (over the steps that
+  drafted) as box plots per configuration at each concurrency (ECHO Fig. 4: box = 25th-75th
+  percentile, whiskers 5th-95th, mean marked). Needs the per-request records
+  (``per_request[*].u``); results written before they existed get no utilisation figure, the
+  others are still drawn.
 * ``budget.png`` (ECHO servers only): verified tokens per step against K_max, and the control
   plane's share of the step time against the 3% goal.
 

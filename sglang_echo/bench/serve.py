@@ -16,7 +16,8 @@ redraws them from a ``serve.json``). Besides tokens/s and MAT every run reports:
 * per request (``per_request``): MAT = completion_tokens / spec_verify_ct, the draft depth
   (ECHO: the request's mean tree depth per step, from ``meta_info["echo_tree_depth"]``; static
   EAGLE-3: ``--speculative-num-steps``; n-gram: none) and draft utilisation u = MAT / depth
-  (ECHO Sec. 5.1; MAT includes the bonus token), summarised as median and quartiles;
+  over the steps that drafted (ECHO Sec. 5.1; MAT includes the bonus token), summarised as
+  median and quartiles;
 * for ECHO servers (``echo``, from the ``echo_*`` Prometheus counters before and after the
   level): verified tokens per step (sum K_i) against K_max and the control-plane share of the
   step time (``echo_control_seconds_total / echo_step_seconds_total``; goal: <= 3%).
@@ -179,9 +180,12 @@ def request_record(meta: dict, output_ids: list[int], nominal_depth: int | None 
     MAT = completion_tokens / spec_verify_ct (sglang's ``spec_accept_length``: bonus token
     included). Depth = ``sum(meta_info["echo_tree_depth"]) / spec_verify_ct`` where the ECHO
     worker reports it (the mean depth of the request's trees, 0 for a root-only step), else
-    ``nominal_depth``. u = MAT / depth (None without verify steps or a positive depth); as MAT
-    counts the bonus token, u can exceed 1 for shallow trees. ``u_drafts`` = accepted draft
-    tokens / drafted depth (``spec_num_correct_drafts / (depth * steps)``) leaves it out.
+    ``nominal_depth``. u = MAT / depth over the steps that drafted for the request (None without
+    any): a root-only step commits one token and has no draft to use, so ECHO's u counts the
+    tokens its drafting steps committed over their summed depth, ``(tokens - 1 - root-only
+    steps) / depth_sum`` (the first token is the prefill's). As MAT counts the bonus token, u can
+    exceed 1 for shallow trees. ``u_drafts`` =
+    accepted draft tokens / drafted depth (``spec_num_correct_drafts / depth_sum``) leaves it out.
     """
     tokens = int(meta.get("completion_tokens", len(output_ids)))
     steps = int(meta.get("spec_verify_ct", 0) or 0)
@@ -191,9 +195,11 @@ def request_record(meta: dict, output_ids: list[int], nominal_depth: int | None 
     if isinstance(depths, list):
         depth_sum = sum(int(d) for d in depths if d is not None)
         depth = depth_sum / steps if steps else None
+        root_only_steps = steps - sum(1 for d in depths if d)  # one entry per token: a step's depth on its first
+        u = (tokens - 1 - root_only_steps) / depth_sum if steps and depth_sum else None
     else:
         depth = float(nominal_depth) if nominal_depth else None
-    u = mat / depth if mat is not None and depth else None
+        u = mat / depth if mat is not None and depth else None
     correct = meta.get("spec_num_correct_drafts")
     u_drafts = correct / (depth * steps) if correct is not None and depth and steps else None
     rec = {"tokens": tokens, "verify_ct": steps, "mat": mat, "depth": depth, "u": u, "u_drafts": u_drafts,

@@ -118,12 +118,13 @@ def markdown(report: Report) -> str:
 
 
 def utilisation_table(runs: list[Run]) -> list[str]:
-    """Per-request draft utilisation u = MAT / depth (ECHO Fig. 4: box = quartiles, whiskers p5-p95)."""
+    """Per-request draft utilisation u = MAT / depth over the steps that drafted (ECHO Fig. 4: box =
+    quartiles, whiskers p5-p95)."""
     rows = [r for r in runs if r.utilisation]
     if not rows:
         return []
-    out = [("Draft utilisation per request, u = MAT / depth (MAT includes the bonus token; depth: ECHO's "
-            "mean tree depth per step, EAGLE-3's num_steps):"), "",
+    out = [("Draft utilisation per request, u = MAT / depth over the steps that drafted (MAT includes the bonus "
+            "token; depth: ECHO's mean tree depth per step, root-only steps included, EAGLE-3's num_steps):"), "",
            "| config | concurrency | requests | depth (median) | u median | u q1-q3 | u p5-p95 | u mean |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:

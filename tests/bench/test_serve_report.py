@@ -20,7 +20,7 @@ def test_request_record_echo():
     r = request_record(ECHO_META, list(range(8)), dataset="chat", seconds=0.5)
     assert r["mat"] == pytest.approx(8 / 3)
     assert r["depth_sum"] == 6 and r["depth"] == pytest.approx(2.0)
-    assert r["u"] == pytest.approx(8 / 3 / 2)
+    assert r["u"] == pytest.approx(6 / 6)  # the drafting steps' 3 + 3 tokens over their depths 4 + 2
     assert r["u_drafts"] == pytest.approx(4 / 6)  # accepted drafts per drafted depth, no bonus
     assert r["k_mean"] == 4.5 and r["dataset"] == "chat" and r["seconds"] == 0.5
 
@@ -32,6 +32,11 @@ def test_request_record_static_and_none():
     assert plain["mat"] is None and plain["u"] is None
     roots_only = request_record({"completion_tokens": 4, "spec_verify_ct": 3, "echo_tree_depth": [0, 0, 0]}, [0] * 4)
     assert roots_only["depth"] == 0 and roots_only["u"] is None  # no draft, no utilisation
+    # mostly plain steps (ECHO's cost budget under load): one depth-2 tree, both drafts accepted, in 20 steps
+    mostly_plain = request_record({"completion_tokens": 23, "spec_verify_ct": 20, "spec_num_correct_drafts": 2,
+                                   "echo_tree_depth": [0, 2] + [0] * 21}, [0] * 23)
+    assert mostly_plain["u"] == pytest.approx(3 / 2) and mostly_plain["u_drafts"] == pytest.approx(1.0)
+    assert mostly_plain["mat"] == pytest.approx(23 / 20)  # sglang's accept length keeps every step
 
 
 def test_quartiles():
