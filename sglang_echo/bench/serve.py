@@ -184,8 +184,8 @@ def request_record(meta: dict, output_ids: list[int], nominal_depth: int | None 
     any): a root-only step commits one token and has no draft to use, so ECHO's u counts the
     tokens its drafting steps committed over their summed depth, ``(tokens - 1 - root-only
     steps) / depth_sum`` (the first token is the prefill's). As MAT counts the bonus token, u can
-    exceed 1 for shallow trees. ``u_drafts`` =
-    accepted draft tokens / drafted depth (``spec_num_correct_drafts / depth_sum``) leaves it out.
+    exceed 1 for shallow trees. ``u_drafts`` = accepted draft tokens / drafted depth
+    (``spec_num_correct_drafts / depth_sum``) leaves it out.
     """
     tokens = int(meta.get("completion_tokens", len(output_ids)))
     steps = int(meta.get("spec_verify_ct", 0) or 0)

@@ -1,14 +1,17 @@
-"""Draft heads for the prepared target: the trained EAGLE-3 head that ships, and a plumbing head.
+"""The trained draft heads that ship, staged for the prepared target.
 
-* :func:`stage_head` / :func:`shipped_head` stage what ``make serve`` and the benchmarks use: the
-  EAGLE-3, DART and DFlash heads trained for SmolLM2-135M-Instruct by ``echo-train-drafter``
-  (``sglang_echo/assets/``, each with its model card; :data:`SHIPPED`). It is staged into the cache next to the target with the target's tokenizer files,
-  because sglang's draft runner loads a tokenizer from the draft directory.
-* ``models.tiny.write_tiny_eagle3_draft(..., init="early_exit")`` writes an untrained EAGLE-3-format
-  head from the target's own weights (FC keeps the deepest captured state, the decoder layer is an identity, norm and LM head are the
-  target's). It is plumbing-grade: EAGLE-3 pairs the root token ``x_n`` with the hidden state at
-  ``n-1``, whose early exit predicts ``x_n`` itself, so it is accepted only where text repeats
-  (MAT about 1.1). Tests use it to exercise every code path without depending on training.
+:func:`stage_head` / :func:`shipped_head` stage what ``make serve`` and the benchmarks use: the
+EAGLE-3, DART and DFlash heads trained for SmolLM2-135M-Instruct by ``echo-train-drafter``
+(``sglang_echo/assets/``, each with its model card; :data:`SHIPPED`). A head is staged into the
+cache next to the target with the target's tokenizer files, because sglang's draft runner loads a
+tokenizer from the draft directory.
+
+Tests that need a head without training write one with
+``models.tiny.write_tiny_eagle3_draft(..., init="early_exit")``: the target's own weights (FC
+keeps the deepest captured state, the decoder layer is an identity, norm and LM head are the
+target's). It is plumbing-grade: EAGLE-3 pairs the root token ``x_n`` with the hidden state at
+``n-1``, whose early exit predicts ``x_n`` itself, so it is accepted only where text repeats (MAT
+about 1.1).
 """
 
 from __future__ import annotations
