@@ -195,7 +195,8 @@ def request_record(meta: dict, output_ids: list[int], nominal_depth: int | None 
     if isinstance(depths, list):
         depth_sum = sum(int(d) for d in depths if d is not None)
         depth = depth_sum / steps if steps else None
-        root_only_steps = steps - sum(1 for d in depths if d)  # one entry per token: a step's depth on its first
+        # one entry per output token, a step's depth on the first token it commits: nonzero once per drafting step
+        root_only_steps = steps - sum(1 for d in depths if d)
         u = (tokens - 1 - root_only_steps) / depth_sum if steps and depth_sum else None
     else:
         depth = float(nominal_depth) if nominal_depth else None
