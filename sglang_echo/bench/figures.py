@@ -3,7 +3,8 @@
 * ``throughput.png``: tokens/s against concurrency, one line per configuration, log2 x axis
   (ECHO Fig. 5's shape), and next to it the speedup over ``none`` at each level; configurations
   other than ``none``/``eagle3`` are labelled with their largest gain over ``eagle3`` (as Fig. 5
-  prints under each column).
+  prints under each column). With several passes (``--repeats``) each speedup is the geometric
+  mean of the per-pass ratios with its 95% interval as an error bar.
 * ``utilisation.png``: per-request draft utilisation u = MAT / depth (over the steps that
   drafted) as box plots per configuration at each concurrency (ECHO Fig. 4: box = 25th-75th
   percentile, whiskers 5th-95th, mean marked). Needs the per-request records
@@ -122,6 +123,10 @@ def throughput(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
     by = _pooled_rates(runs)
     configs = _configs(runs)
     color = _colors(plt, runs)
+    from .serve import report_from_json  # figures is imported by both; they import it back lazily
+    from .serve_tables import ratio_interval, speedups
+
+    per_pass = speedups(report_from_json(data).runs)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     for name in configs:
         cs = [c for c in levels if (name, c) in by]
@@ -130,8 +135,13 @@ def throughput(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
         if name not in ("none", "eagle3") and gains:
             label += f" (max {100 * max(gains):+.1f}% vs eagle3)"
         ax.plot(cs, [by[name, c] for c in cs], marker="o", label=label, color=color[name])
+        passes = [(c, ratio_interval(per_pass[name, c])) for c in cs if len(per_pass.get((name, c), ())) > 1]
         base = [(c, by[name, c] / by["none", c]) for c in cs if ("none", c) in by and by["none", c] > 0]
-        if base and name != "none":
+        if passes:  # several passes: their geometric mean and its 95% interval
+            mid, lo, hi = zip(*(iv for _, iv in passes))
+            ax2.errorbar([c for c, _ in passes], mid, yerr=[[m - x for m, x in zip(mid, lo)], [x - m for m, x in zip(mid, hi)]],
+                         marker="o", capsize=3, label=name, color=color[name])
+        elif base and name != "none":
             ax2.plot([c for c, _ in base], [s for _, s in base], marker="o", label=name, color=color[name])
     ax.set_ylabel("throughput (output tokens/s)")
     ax.set_title("Throughput vs concurrency")
@@ -139,7 +149,9 @@ def throughput(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
     ax.legend(fontsize=7)
     ax2.axhline(1.0, color="gray", ls="--", lw=1)
     ax2.set_ylabel("speedup vs none")
-    ax2.set_title("Speedup over no speculation")
+    several = any(len(v) > 1 for v in per_pass.values())
+    ax2.set_title("Speedup over no speculation" + (" (passes: geo mean, 95% interval)" if several else ""),
+                  fontsize=9 if several else None)
     _log2_axis(ax2, levels)
     if ax2.lines[1:]:
         ax2.legend(fontsize=7)

@@ -50,6 +50,8 @@ from .serve_tables import markdown, quartiles
 # streamlined high-concurrency shape (depth 3, top-k 3, 5 tokens); ECHO its own defaults.
 CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
     "none": ("none", SpecOptions(), {}),
+    # A second plain server: its ratio to `none` is what this host's noise alone gives (an A/A control).
+    "none-twin": ("none", SpecOptions(), {}),
     "ngram": ("ngram", SpecOptions(num_draft_tokens=8), {}),
     "eagle3": ("eagle3", SpecOptions(num_steps=3, eagle_topk=3, num_draft_tokens=5), {}),
     "echo": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo"}),

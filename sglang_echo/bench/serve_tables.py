@@ -5,6 +5,7 @@ control share, and ECHO Table 1's per-prompt-set shape."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from typing import TYPE_CHECKING, Callable
 
@@ -75,19 +76,40 @@ def cpu_savings(runs: list[Run]) -> dict[tuple[str, int], list[float]]:
     return _ratios_to_none(runs, _tokens_per_cpu_s)
 
 
+def ratio_interval(ratios: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Geometric mean of per-pass ratios and its two-sided ``level`` confidence interval.
+
+    Passes are paired measurements (config and ``none`` a level apart, see ``--interleave``) whose
+    ratios drift multiplicatively, so the interval is Student's t on the log ratios; it says
+    whether a config is slower or faster than ``none`` beyond what the passes' spread allows.
+    Needs two passes or more."""
+    from scipy.stats import t
+
+    logs = [math.log(r) for r in ratios]
+    n, mean = len(logs), statistics.fmean(logs)
+    half = t.ppf(0.5 + level / 2, n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
 def repeats_table(runs: list[Run]) -> list[str]:
-    """With several passes: each speedup per pass, and their median; the same for server CPU per token."""
+    """With several passes: each speedup per pass, their median, minimum, geometric mean and its
+    95% interval; the same for server CPU per token. ``none-twin`` (a second plain server) shows
+    the interval that the host's noise alone gives."""
     out = []
     for ratios, what in ((speedups(runs), "Speedup vs none (tokens/s)"),
                          (cpu_savings(runs), "Server CPU per token, none's over the config's")):
         if not any(len(v) > 1 for v in ratios.values()):
             continue
         out += ([""] if out else []) + [
-            f"{what} per pass (the order alternates between passes), and the median:", "",
-            "| config | concurrency | per pass | median | min |", "| --- | --- | --- | --- | --- |"]
+            f"{what} per pass (the order alternates between passes), their median, minimum and geometric mean "
+            "with its 95% interval (Student's t on the log ratios):", "",
+            "| config | concurrency | per pass | median | min | geo mean | 95% interval |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
         for (name, c), rs in ratios.items():
+            geo, lo, hi = ratio_interval(rs) if len(rs) > 1 else (rs[0], None, None)
+            interval = f"{lo:.2f}-{hi:.2f}x" if lo is not None else "-"
             out.append(f"| {name} | {c} | {' / '.join(f'{x:.2f}x' for x in rs)} | {statistics.median(rs):.2f}x | "
-                       f"{min(rs):.2f}x |")
+                       f"{min(rs):.2f}x | {geo:.2f}x | {interval} |")
     return out
 
 

@@ -45,3 +45,17 @@ def test_cli_redraws_next_to_serve_json(tmp_path, capsys):
     assert "throughput.png" in out and "serve.md" in out
     assert _is_png(tmp_path / "utilisation.png")
     assert "Draft utilisation per request" in (tmp_path / "serve.md").read_text()
+
+
+def test_several_passes_draw_each_speedup_with_its_interval(tmp_path, monkeypatch):
+    """A run with ``--repeats 2`` (the committed c = 1-256 sweep): the speedup panel draws every
+    config's geometric mean over the passes with its 95% interval, one per (config, level)."""
+    from sglang_echo.bench import serve_tables
+
+    drawn = []
+    real = serve_tables.ratio_interval
+    monkeypatch.setattr(serve_tables, "ratio_interval", lambda rs: drawn.append(len(rs)) or real(rs))
+    data = json.loads((REPO / "benchmarks/results/serve-smollm2-c1-c256/serve.json").read_text())
+    written = figures.render(data, tmp_path)
+    assert _is_png(tmp_path / "throughput.png") and tmp_path / "throughput.png" in written
+    assert drawn == [2] * 12  # eagle3 and echo-cost at c = 1, 8, 32, 64, 128, 256

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from sglang_echo.bench.level_metrics import echo_deltas, parse_echo_metrics
 from sglang_echo.bench.serve import Report, Run, markdown, quartiles, report_from_json, request_record, warmup_level
-from sglang_echo.bench.serve_tables import cpu_savings, speedups
+from sglang_echo.bench.serve_tables import cpu_savings, ratio_interval, speedups
 
 # What an ECHO server's /generate returns for one request: 3 verify steps with trees of depth
 # 4, 2 and 0 (root only); 1 prefill token + 7 committed by the steps.
@@ -122,8 +123,29 @@ def test_passes_compare_within_a_pass():
     assert speedups(runs)[("echo", 8)] == pytest.approx([1.1, 1.2, 1.0])
     md = markdown(Report({"platform": "test", "cpus": 2}, {}, runs))
     assert "| echo (pass 2) | 8 | 36.00 | 1.20x |" in md
-    assert "| echo | 8 | 1.10x / 1.20x / 1.00x | 1.10x | 1.00x |" in md
+    # geometric mean 1.32^(1/3); interval exp(mean log +- t(0.975, 2) = 4.303 x sd 0.0912 / sqrt 3)
+    assert "| echo | 8 | 1.10x / 1.20x / 1.00x | 1.10x | 1.00x | 1.10x | 0.87-1.38x |" in md
     assert "per pass" not in markdown(Report({"platform": "test", "cpus": 2}, {}, runs[:2]))  # one pass: no summary
+
+
+def test_ratio_interval_is_students_t_on_the_log_ratios():
+    geo, lo, hi = ratio_interval([math.exp(0.1), math.exp(-0.1)])
+    assert geo == pytest.approx(1.0)
+    # t(0.975, 1) = 12.706; sd of (0.1, -0.1) = 0.1414; half width 12.706 x 0.1414 / sqrt(2) = 1.2706
+    assert (lo, hi) == pytest.approx((math.exp(-1.2706), math.exp(1.2706)), rel=1e-4)
+    assert ratio_interval([0.9, 0.9, 0.9]) == pytest.approx((0.9, 0.9, 0.9))  # no spread, no width
+    _, lo, hi = ratio_interval([0.95, 0.97, 0.96, 0.94, 0.96, 0.95])  # consistently slower: 1.0 is outside
+    assert hi < 1.0 and lo > 0.9
+
+
+def test_twin_none_server_is_compared_like_any_config():
+    """``none-twin`` (a second plain server) gets a speedup and a lossless check against ``none``:
+    its spread over the passes is the host's noise alone."""
+    runs = []
+    for rep, (a, b) in enumerate(((40.0, 36.0), (30.0, 33.0))):
+        runs += [Run("none", 8, 8, 64 / a, 64, 0, None, repeat=rep), Run("none-twin", 8, 8, 64 / b, 64, 0, True, repeat=rep)]
+    assert speedups(runs)[("none-twin", 8)] == pytest.approx([0.9, 1.1])
+    assert "| none-twin | 8 | 0.90x / 1.10x |" in markdown(Report({"platform": "test", "cpus": 2}, {}, runs))
 
 
 def test_server_cpu_per_token_compares_within_a_pass():
