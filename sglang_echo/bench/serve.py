@@ -40,77 +40,12 @@ from ..integration.config import DRAFTERS
 from ..models.prompts import load_mixed
 from ..platform import step_times
 from ..serve.client import Generation, generate
-from ..serve.flags import ServerOptions, SpecOptions
+from ..serve.flags import ServerOptions
 from ..serve.server import SGLangServer
 from .level_metrics import echo_deltas, scrape_echo_metrics, settled_step_times
 from .machine import describe
+from .serve_configs import CONFIGS, calibration_dir, echo_env
 from .serve_tables import markdown, quartiles
-
-# name -> (spec, speculative knobs, extra environment). EAGLE-3's static tree uses the paper's
-# streamlined high-concurrency shape (depth 3, top-k 3, 5 tokens); ECHO its own defaults.
-CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
-    "none": ("none", SpecOptions(), {}),
-    # A second plain server: its ratio to `none` is what this host's noise alone gives (an A/A control).
-    "none-twin": ("none", SpecOptions(), {}),
-    "ngram": ("ngram", SpecOptions(num_draft_tokens=8), {}),
-    "eagle3": ("eagle3", SpecOptions(num_steps=3, eagle_topk=3, num_draft_tokens=5), {}),
-    "echo": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo"}),
-    # The same ECHO trees verified padded-dense (B*W target tokens per step) instead of ragged.
-    "echo-padded": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_VERIFY": "padded"}),
-    # ECHO Sec. 5.3's gating ablation: a gate at every depth / one threshold at the sweet spots.
-    "echo-dense": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "dense-gating"}),
-    "echo-fixed": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "fixed-threshold"}),
-    # ECHO gating with the paper's LLaMA-3.1-8B thresholds whatever --calibration says.
-    "echo-paper": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo"}),
-    # ECHO with a fixed drafter whatever --echo-drafter says (drafters side by side in one run).
-    "echo-dart": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "dart"}),
-    "echo-ngram": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "ngram"}),
-    "echo-dflash": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "dflash"}),
-    # Each step's cap from the measured cost model instead of a fixed K_max (core.budget).
-    "echo-cost": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost"}),
-    # The same with EAGLE's draft extend on every step, plain ones included (lazy extend off).
-    "echo-cost-eager": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost",
-                                                "SGLANG_ECHO_LAZY_EXTEND": "0"}),
-    # The same with a K_max exploration every 64 steps whatever they find (no back-off).
-    "echo-cost-explore64": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost",
-                                                    "SGLANG_ECHO_EXPLORE_BACKOFF": "1"}),
-    # ECHO that never drafts (a cap of the roots alone): what its plain steps cost beyond plain decoding,
-    # the floor the cost budget reaches where it decides not to speculate.
-    "echo-plain": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": "1"}),
-    "echo-ngram-cost": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "ngram",
-                                                "SGLANG_ECHO_BUDGET": "cost"}),
-}
-UNCALIBRATED = {"echo-paper"}
-
-
-def echo_env(name: str, args: argparse.Namespace, pick=None) -> dict[str, str]:
-    """The ECHO configs' drafter and calibration (``--echo-drafter``, ``--calibration``).
-
-    With ``--calibration DIR`` (or ``shipped``), ``pick(drafter)`` is the file there made for the
-    model and that drafter (or None), and every ECHO config gates with its own drafter's; a file
-    applies to the configs whose drafter is not pinned."""
-    env = dict(CONFIGS[name][2])
-    if CONFIGS[name][0] == "echo":
-        pinned = "SGLANG_ECHO_DRAFTER" in env
-        env.setdefault("SGLANG_ECHO_DRAFTER", args.echo_drafter)
-        calib = None
-        if pick is not None:
-            calib = pick(env["SGLANG_ECHO_DRAFTER"])
-        elif args.calibration and not pinned:
-            calib = Path(args.calibration).resolve()
-        if calib is not None and name not in UNCALIBRATED:
-            env["SGLANG_ECHO_CALIBRATION"] = str(calib)
-    return env
-
-
-def calibration_dir(args: argparse.Namespace) -> Optional[Path]:
-    """The folder ``--calibration`` names (``shipped``: the package's), or None for a file / none."""
-    if args.calibration == "shipped":
-        from ..calibration.shipped import SHIPPED
-
-        return SHIPPED
-    return Path(args.calibration) if args.calibration and Path(args.calibration).is_dir() else None
-
 
 @dataclass
 class Run:
@@ -128,6 +63,7 @@ class Run:
     repeat: int = 0  # which pass over the configs (--repeats): speedups compare runs of one pass
     server_cpu_s: float | None = None  # CPU seconds the server's processes used during the level
     step_times: dict | None = None  # step_times.delta() of the level (CPU-platform servers)
+    nominal_tokens: int | None = None  # static trees' verified tokens per request and step (num_draft_tokens)
 
     @property
     def tokens_per_s(self) -> float:
@@ -147,6 +83,23 @@ class Run:
         return self.completion_tokens / self.verify_steps if self.verify_steps else None
 
     @property
+    def draft_yield(self) -> float | None:
+        """ECHO Eq. 3's yield, the share of drafted tokens the target accepted. ECHO servers count
+        verified and accepted tokens, less one root and one bonus token per request and step (a
+        request's verify steps); a static tree drafts ``num_draft_tokens - 1`` per request and
+        step, and every token but a request's first (its prefill's) and each step's bonus was an
+        accepted draft. None without drafts."""
+        e = self.echo or {}
+        if e.get("verified_tokens") is not None and e.get("accepted_tokens") is not None:
+            drafted, accepted = e["verified_tokens"] - self.verify_steps, e["accepted_tokens"] - self.verify_steps
+        elif self.nominal_tokens and self.verify_steps:
+            drafted = self.verify_steps * (self.nominal_tokens - 1)
+            accepted = self.completion_tokens - self.requests - self.verify_steps
+        else:
+            return None
+        return accepted / drafted if drafted > 0 else None
+
+    @property
     def utilisation(self) -> dict | None:
         """Quartiles of the per-request u (None without any)."""
         return quartiles([r["u"] for r in self.per_request if r.get("u") is not None])
@@ -155,7 +108,7 @@ class Run:
         u = self.utilisation or {}
         e = self.echo or {}
         return {"config": self.config, "concurrency": self.concurrency, "tokens_per_s": self.tokens_per_s,
-                "mat": self.mat, "u_median": u.get("median"), "u_q1": u.get("q1"), "u_q3": u.get("q3"),
+                "mat": self.mat, "yield": self.draft_yield, "u_median": u.get("median"), "u_q1": u.get("q1"), "u_q3": u.get("q3"),
                 "verified_per_step": e.get("verified_per_step"), "k_max": e.get("k_max"),
                 "control_share": e.get("control_share"), "cpu_ms_per_token": self.cpu_ms_per_token}
 
@@ -345,6 +298,7 @@ class _Server:
                                   max_total_tokens=args.max_total_tokens, enable_metrics=True,
                                   extra_env=tuple({step_times.ENV: "1", **env}.items()))
         self.nominal = knobs.num_steps if self.spec == "eagle3" else None
+        self.nominal_tokens = knobs.num_draft_tokens if self.spec == "eagle3" else None
         self.srv: Optional[SGLangServer] = None
 
     def __enter__(self) -> "_Server":
@@ -384,7 +338,7 @@ class _Server:
         per_request = [request_record(o.meta, o.output_ids, self.nominal, ds, lat)
                        for o, ds, lat in zip(outs, sets, latencies)]
         r = Run(name, c, len(prompts), seconds, sum(len(i) for i in ids), steps, lossless, self.srv.startup_seconds,
-                self.nominal, per_request, echo_deltas(before, after), rep, cpu_s, level_steps)
+                self.nominal, per_request, echo_deltas(before, after), rep, cpu_s, level_steps, self.nominal_tokens)
         print(_progress(r), flush=True)
         return r
 

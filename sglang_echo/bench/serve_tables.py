@@ -120,8 +120,8 @@ def markdown(report: Report) -> str:
         f"Settings: {json.dumps(report.settings)}",
         "",
         ("| config | concurrency | tokens/s | speedup vs none | MAT | lossless vs none | startup s | "
-         "server CPU ms/token | CPU per token, none / config |"),
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+         "server CPU ms/token | CPU per token, none / config | yield |"),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in report.runs:
         ref, ref_cpu = base.get((r.repeat, r.concurrency)), base_cpu.get((r.repeat, r.concurrency))
@@ -131,7 +131,7 @@ def markdown(report: Report) -> str:
         cpu = r.cpu_ms_per_token
         saving = f"{_tokens_per_cpu_s(r) / ref_cpu:.2f}x" if ref_cpu and cpu else "-"
         lines.append(f"| {_label(r)} | {r.concurrency} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | "
-                     f"{startup} | {_f(cpu, '.1f')} | {saving} |")
+                     f"{startup} | {_f(cpu, '.1f')} | {saving} | {_f(r.draft_yield, '.3f')} |")
     for section in (repeats_table(report.runs), utilisation_table(report.runs), budget_table(report.runs),
                     decisions_table(report.runs), step_table(report.runs), table1(report.runs)):
         if section:

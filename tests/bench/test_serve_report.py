@@ -113,6 +113,21 @@ def test_markdown_tables():
     assert "1.20x" in md
 
 
+def test_draft_yield_from_echo_counters_and_static_shapes():
+    """ECHO Eq. 3's yield (accepted drafts over drafted tokens): an ECHO server's counters, a static
+    tree's shape, nothing for plain decoding."""
+    echo = Run("echo", 8, 4, 1.0, 40, 10, True, echo={"verified_tokens": 30.0, "accepted_tokens": 16.0})
+    assert echo.draft_yield == pytest.approx(6 / 20)  # 10 of the 30 verified are roots, 10 of the 16 accepted bonuses
+    # 4 requests, 40 tokens, 12 steps: 4 prefill tokens, 12 bonus tokens, 24 accepted of 12 x 4 drafted
+    static = Run("eagle3", 8, 4, 1.0, 40, 12, True, nominal_depth=3, nominal_tokens=5)
+    assert static.draft_yield == pytest.approx(24 / 48)
+    plain = Run("none", 8, 4, 1.0, 40, 0, None)
+    assert plain.draft_yield is None and Run("echo", 8, 4, 1.0, 14, 10, True, echo={
+        "verified_tokens": 10.0, "accepted_tokens": 10.0}).draft_yield is None  # root-only steps drafted nothing
+    md = markdown(Report({"platform": "test", "cpus": 2}, {}, [plain, static]))
+    assert "| eagle3 | 8 | 40.00 | 1.00x | 3.33 | True | - | - | - | 0.500 |" in md
+
+
 def test_passes_compare_within_a_pass():
     """--repeats: each pass's speedup is against that pass's none (the machine drifts between
     passes), and a summary gives every pass and the median."""
@@ -291,6 +306,7 @@ def test_step_times_are_taken_around_each_level_from_the_server_log(monkeypatch,
                               cpu_seconds=lambda: 0.0, startup_seconds=1.0)
         server = object.__new__(serve._Server)
         server.bench, server.name, server.spec, server.nominal, server.srv = bench, "none", "none", None, srv
+        server.nominal_tokens = None
         assert server.measure(2, 0).step_times == want
 
 
@@ -305,3 +321,20 @@ def test_warmup_level_cycles_the_pool_at_a_batch_with_room_to_draft():
     texts, concurrency, budgets = warmup_level(["a", "b", "c"], 16, 64)
     assert texts == ["a", "b", "c"] * 5 + ["a"] and concurrency == 8 and budgets == [64] * 16
     assert warmup_level(["a", "b"], 0, 32) == (["a"], 1, [32])  # at least one request
+
+
+def test_every_echo_config_is_a_valid_echo_setting():
+    """Each ECHO config of ``echo-bench serve`` resolves and validates as the server will resolve it,
+    and the baseline policies get the shapes their names promise."""
+    from sglang_echo.bench.serve_configs import CONFIGS
+    from sglang_echo.integration.config import load_config
+
+    shapes = {}
+    for name, (spec, _, env) in CONFIGS.items():
+        if spec == "echo":
+            cfg = load_config(environ=env)  # validates
+            shapes[name] = (cfg.policy, cfg.max_depth, cfg.w_max, cfg.resolved_width())
+    assert shapes["echo-static-8x10x60"] == ("static-tree", 8, 10, 60)
+    assert shapes["echo-static-3x3x5"] == ("static-tree", 3, 3, 5)
+    assert shapes["echo-chain"][0] == "chain" and shapes["echo-budgeted-chain"][0] == "budgeted-chain"
+    assert {"echo", "echo-dense", "echo-fixed"} <= set(shapes)
