@@ -26,6 +26,8 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+
 CONTROL_GOAL = 0.03
 
 
@@ -123,7 +125,7 @@ def throughput(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
     by = _pooled_rates(runs)
     configs = _configs(runs)
     color = _colors(plt, runs)
-    from .serve import report_from_json  # figures is imported by both; they import it back lazily
+    from .serve import report_from_json  # lazily: serve and serve_tables import this module
     from .serve_tables import ratio_interval, speedups
 
     per_pass = speedups(report_from_json(data).runs)
@@ -138,9 +140,9 @@ def throughput(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
         passes = [(c, ratio_interval(per_pass[name, c])) for c in cs if len(per_pass.get((name, c), ())) > 1]
         base = [(c, by[name, c] / by["none", c]) for c in cs if ("none", c) in by and by["none", c] > 0]
         if passes:  # several passes: their geometric mean and its 95% interval
-            mid, lo, hi = zip(*(iv for _, iv in passes))
-            ax2.errorbar([c for c, _ in passes], mid, yerr=[[m - x for m, x in zip(mid, lo)], [x - m for m, x in zip(mid, hi)]],
-                         marker="o", capsize=3, label=name, color=color[name])
+            mid, lo, hi = (np.array(v) for v in zip(*(iv for _, iv in passes)))
+            ax2.errorbar([c for c, _ in passes], mid, yerr=[mid - lo, hi - mid], marker="o", capsize=3,
+                         label=name, color=color[name])
         elif base and name != "none":
             ax2.plot([c for c, _ in base], [s for _, s in base], marker="o", label=name, color=color[name])
     ax.set_ylabel("throughput (output tokens/s)")
