@@ -297,8 +297,7 @@ class _Server:
                                   spec_options=knobs, dtype=args.dtype, max_running_requests=max(bench.levels),
                                   max_total_tokens=args.max_total_tokens, enable_metrics=True,
                                   extra_env=tuple({step_times.ENV: "1", **env}.items()))
-        self.nominal = knobs.num_steps if self.spec == "eagle3" else None
-        self.nominal_tokens = knobs.num_draft_tokens if self.spec == "eagle3" else None
+        self.static_shape = knobs if self.spec == "eagle3" else None  # sglang's static tree: depth, tokens known
         self.srv: Optional[SGLangServer] = None
 
     def __enter__(self) -> "_Server":
@@ -335,10 +334,12 @@ class _Server:
         lossless = None if name == "none" or c not in bench.reference else ids == bench.reference[c]
         if name == "none":
             bench.reference.setdefault(c, ids)
-        per_request = [request_record(o.meta, o.output_ids, self.nominal, ds, lat)
+        shape = self.static_shape
+        depth, tokens = (shape.num_steps, shape.num_draft_tokens) if shape else (None, None)
+        per_request = [request_record(o.meta, o.output_ids, depth, ds, lat)
                        for o, ds, lat in zip(outs, sets, latencies)]
         r = Run(name, c, len(prompts), seconds, sum(len(i) for i in ids), steps, lossless, self.srv.startup_seconds,
-                self.nominal, per_request, echo_deltas(before, after), rep, cpu_s, level_steps, self.nominal_tokens)
+                depth, per_request, echo_deltas(before, after), rep, cpu_s, level_steps, tokens)
         print(_progress(r), flush=True)
         return r
 

@@ -305,8 +305,7 @@ def test_step_times_are_taken_around_each_level_from_the_server_log(monkeypatch,
         srv = SimpleNamespace(base_url="http://x", log_path=log, command=SimpleNamespace(device=device),
                               cpu_seconds=lambda: 0.0, startup_seconds=1.0)
         server = object.__new__(serve._Server)
-        server.bench, server.name, server.spec, server.nominal, server.srv = bench, "none", "none", None, srv
-        server.nominal_tokens = None
+        server.bench, server.name, server.spec, server.static_shape, server.srv = bench, "none", "none", None, srv
         assert server.measure(2, 0).step_times == want
 
 
