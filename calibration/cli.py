@@ -24,9 +24,11 @@ import logging
 import shlex
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from sglang_echo.core.calibration_file import Calibration, fingerprint
+from sglang_echo.core.kmax import Device
 from sglang_echo.integration.config import DRAFTERS
 
 from . import report, stats
@@ -104,7 +106,8 @@ def resolve(args: argparse.Namespace) -> tuple[Path, Path | None]:
     from sglang_echo.serve.flags import resolve_device, resolve_dtype
 
     # the checkpoint and dtype make serve runs, so that the calibration's fingerprint matches it
-    args.dtype = resolve_dtype(args.dtype, resolve_device(args.device), args.model is None)
+    args.device = resolve_device(args.device)
+    args.dtype = resolve_dtype(args.dtype, args.device, args.model is None)
     model = args.model or prepare_for_serving(args.dtype).path
     if not (model / "config.json").is_file():
         raise InputError(f"--model {model}: no config.json there")
@@ -143,6 +146,7 @@ def summarise(args, samples, model: Path, draft: Path | None, probe: dict) -> tu
         auc_min=args.auc_min,
         probe={**probe, "depth": samples.depth, "target_depth": target_depth, "num_samples": samples.num_samples},
         k_max=k_max,
+        device=None if k_max is None else asdict(Device.of(args.device)),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
     return calib, curve

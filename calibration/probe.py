@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -42,6 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sglang_echo import env
 from sglang_echo.core.tree import NodePool
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class ProbeRecorder:
 
     @classmethod
     def from_env(cls, device: torch.device | str = "cpu") -> Optional["ProbeRecorder"]:
-        path = os.environ.get(ENV_PROBE_OUT)
+        path = env.get(ENV_PROBE_OUT)
         return cls(path, device) if path else None
 
     def on_draft(self, pool: NodePool, max_depth: int, rids: Optional[Sequence[str]] = None,

@@ -5,7 +5,7 @@ Plots (matplotlib, written only when it is installed):
 * ``<stem>.confidence_density.png``: accepted vs rejected c_{i,d} per probed depth with tau_d marked,
   the paper's Figures 2 and 6-9 for this model and drafter;
 * ``<stem>.auc_by_depth.png``: AUC_d with its bootstrap interval, xi, and the sweet spots;
-* ``<stem>.verify_cost.png``: median verify time per verified-token count and the suggested K_max.
+* ``<stem>.verify_cost.png``: median verify time per verified-token count and the measured K_max.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def markdown(calib: Calibration, samples: ProbeSamples, curve: list[tuple[int, f
         "| --- | --- | --- |",
         *[f"| {n} | {t:.4f} | {k} |" for n, t, k in curve],
         "",
-        f"Suggested K_max: {calib.k_max if calib.k_max is not None else 'none (too few distinct batch sizes measured)'}.",
+        _kmax_line(calib),
         "",
     ]
     return "\n".join(lines)
@@ -117,7 +117,7 @@ def plots(calib: Calibration, samples: ProbeSamples, curve: list[tuple[int, floa
         fig, ax = plt.subplots(figsize=(5, 3.2))
         ax.plot([n for n, _, _ in curve], [t * 1e3 for _, t, _ in curve], "o-")
         if calib.k_max is not None:
-            ax.axvline(calib.k_max, color="tab:orange", ls="--", label=f"suggested K_max = {calib.k_max}")
+            ax.axvline(calib.k_max, color="tab:orange", ls="--", label=f"K_max = {calib.k_max}")
             ax.legend(fontsize=7)
         ax.set_xlabel("verified tokens per step")
         ax.set_ylabel("median verify time (ms)")
@@ -132,3 +132,11 @@ def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _kmax_line(calib: Calibration) -> str:
+    if calib.k_max is None:
+        return "K_max: none measured (too few distinct batch sizes); servers use their device's default."
+    where = f"{calib.device['kind']}: {calib.device['name']}" if calib.device else "an unrecorded device"
+    return (f"K_max: {calib.k_max} (the verify-cost knee, Eq. 2), measured on {where}; servers on that device "
+            "use it as the batch's verification cap unless `k_max` is set.")

@@ -97,9 +97,9 @@ class BudgetedChain(_BeamPolicy):
     def __init__(self, k_max: int, depth: int = 8):
         self.name, self.max_depth, self.k_max = "budgeted-chain", depth, k_max
 
-    def start(self, roots: Tensor) -> BuildState:
+    def start(self, roots: Tensor, k_max: int | None = None) -> BuildState:
         state = super().start(roots)
-        state.budget = max(self.k_max - roots.numel(), 0)
+        state.budget = max((self.k_max if k_max is None else k_max) - roots.numel(), 0)
         state.active &= state.budget > 0
         return state
 

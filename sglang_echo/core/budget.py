@@ -78,6 +78,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .kmax import KMax
+
 
 @dataclass
 class LineFit:
@@ -260,15 +262,19 @@ class CostModelBudget:
     they verified in order (overlap scheduling reports them one step late).
     """
 
-    def __init__(self, k_max: int, max_depth: int, *, padded_width: Optional[int] = None,
+    def __init__(self, k_max: int | KMax, max_depth: int, *, padded_width: Optional[int] = None,
                  warmup: int = 16, explore_every: int = 64, explore_backoff: int = 16, plain_every: int = 16,
                  decay: float = 0.98, free_share: float = 0.02) -> None:
-        if k_max < 1 or max_depth < 0 or warmup < 0 or explore_every < 2 or explore_backoff < 1 or plain_every < 2:
-            raise ValueError(f"need k_max >= 1, max_depth >= 0, warmup >= 0, explore_every >= 2, explore_backoff >= 1, "
-                             f"plain_every >= 2; got k_max={k_max} max_depth={max_depth} warmup={warmup} "
+        """``k_max``: the ceiling of every step's cap, fixed or growing with the batch (:class:`KMax`)."""
+        ceiling = k_max if isinstance(k_max, KMax) else None
+        if ceiling is None and (isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1):
+            raise ValueError(f"need k_max >= 1, got k_max={k_max}")
+        if max_depth < 0 or warmup < 0 or explore_every < 2 or explore_backoff < 1 or plain_every < 2:
+            raise ValueError(f"need max_depth >= 0, warmup >= 0, explore_every >= 2, explore_backoff >= 1, "
+                             f"plain_every >= 2; got max_depth={max_depth} warmup={warmup} "
                              f"explore_every={explore_every} explore_backoff={explore_backoff} "
                              f"plain_every={plain_every}")
-        self.k_max, self.max_depth = k_max, max_depth
+        self.k_max, self.max_depth = ceiling or KMax(k_max), max_depth
         self.padded_width = padded_width  # None: ragged verify (the target computes sum K_i tokens)
         self.warmup, self.explore_every, self.plain_every, self.decay = warmup, explore_every, plain_every, decay
         self.explore_backoff = explore_backoff
@@ -336,24 +342,25 @@ class CostModelBudget:
     REASONS = ("warmup", "explore", "model", "measured", "probe", "full")
 
     def cap(self, batch_size: int) -> int:
-        """This step's verification cap, roots included (``<= max(K_max, B)``)."""
+        """This step's verification cap, roots included (``<= max(K_max(B), B)``)."""
         self.steps += 1
         B = batch_size
-        if B >= self.k_max:  # the roots alone fill K_max: a plain step whatever the model says
+        k_max = self.k_max(B)
+        if B >= k_max:  # the roots alone fill K_max: a plain step whatever the model says
             self._arm, self._reason = "plain", "full"
-            return self.k_max
+            return k_max
         self._arm, self._reason = "draft", "warmup"  # warm-up and explorations draft at K_max: drafting samples
         # Both wait for a batch with room for a draft per request: with less they measure little,
         # and still pay the lazy extend's catch-up for every request (B x its backlog pairs).
-        explore = None if 2 * B > self.k_max else self._exploring.setdefault(half_octave(B),
-                                                                            Exploring(self.explore_every))
+        explore = None if 2 * B > k_max else self._exploring.setdefault(half_octave(B),
+                                                                       Exploring(self.explore_every))
         if explore is not None:
             explore.since += 1
             if self.spec_steps < self.warmup:
-                return self.k_max
+                return k_max
             if explore.since >= explore.gap:
                 explore.since, explore.judging, self._reason = 0, True, "explore"
-                return self.k_max
+                return k_max
         depth = self.best_depth(B)
         verdict = self.rates.verdict(B)  # the served A/B test overrules the model, either way
         drafting = verdict == "draft" if verdict is not None else depth > 0
@@ -364,17 +371,17 @@ class CostModelBudget:
             drafting, self._reason = not drafting, "probe"  # the other side's probe (module docstring)
         self._arm = "draft" if drafting else "plain"
         if not drafting:
-            return min(self.k_max, B)
+            return min(k_max, B)
         if depth == 0:  # the model sees no gain where the served rates do: draft as those steps did
-            return self.k_max
-        k = min(self.k_max, B * (1 + depth))
-        if k >= self.k_max:
+            return k_max
+        k = min(k_max, B * (1 + depth))
+        if k >= k_max:
             return k
         # Below Eq. 2's knee verified tokens are (nearly) free: extend the cap while the verify
         # pass grows by at most `free_share` of the step, for Alg. 1 to spend (confident depth,
         # then width). Binary search: the verify curve is non-decreasing.
         limit = self.verify.predict(self.target_tokens(k, B)) + self.free_share * self.step_seconds(B, depth)
-        lo, hi = k, self.k_max
+        lo, hi = k, k_max
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if self.verify.predict(self.target_tokens(mid, B)) <= limit:

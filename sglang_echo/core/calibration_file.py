@@ -16,12 +16,15 @@ Schema ``sglang-echo/calibration`` version 1 (JSON)::
          "num_accepted": 3170, "num_rejected": 1950, "threshold": 0.31}
       ],
       "sweet_spots": [1, 3, 8],          # D_sig (Eq. 7); every listed depth has a row above
-      "k_max": 96                        # suggested K_max from the verify-cost knee, or null
+      "k_max": 96,                       # K_max from the verify-cost knee (Eq. 2), or null
+      "device": {"kind": "cuda", "name": "NVIDIA H200"}  # where that knee was measured
     }
 
 Depth ``d`` counts drafted tokens: d = 1 is the root's children (the paper's root gate).
 Fingerprints tie a file to the exact model and drafter weights; :func:`load_calibration` refuses
-a file made for something else rather than silently gating with meaningless thresholds.
+a file made for something else rather than silently gating with meaningless thresholds. The
+thresholds hold on any device; ``k_max`` only on the ``device`` it was measured on (a file
+without one sets no cap: :func:`sglang_echo.core.kmax.resolve_kmax`).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class Calibration:
     auc_min: float = 0.7
     probe: dict = field(default_factory=dict)
     k_max: Optional[int] = None
+    device: Optional[dict] = None  # {"kind", "name"} of the device k_max was measured on
     created: str = ""
 
     def threshold(self, depth: int) -> float:
@@ -147,6 +151,8 @@ def load_calibration(
             auc_min=float(raw.get("auc_min", 0.7)),
             probe=dict(raw.get("probe", {})),
             k_max=None if raw.get("k_max") is None else int(raw["k_max"]),
+            device=None if raw.get("device") is None else {"kind": str(raw["device"]["kind"]),
+                                                           "name": str(raw["device"]["name"])},
             created=str(raw.get("created", "")),
         )
     except (KeyError, TypeError, ValueError, IndexError) as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Optional
 
 from .baselines import Autoregressive, BeamTree, BudgetedChain, Chain, StaticTree
@@ -11,8 +12,21 @@ from .gating import GatingConfig
 from .policy import TreePolicy
 from .scheduler import ElasticConfig, ElasticPolicy
 
-POLICIES = ("ar", "chain", "static-tree", "echo", "dense-gating", "fixed-threshold", "budgeted-chain", "beam-tree")
-ELASTIC_POLICIES = ("echo", "dense-gating", "fixed-threshold")  # ElasticPolicy: Alg. 1 and its two ablations
+class Policy(StrEnum):
+    """Every tree policy by name (members compare equal to their names)."""
+
+    AR = "ar"
+    CHAIN = "chain"
+    STATIC_TREE = "static-tree"
+    ECHO = "echo"
+    DENSE_GATING = "dense-gating"
+    FIXED_THRESHOLD = "fixed-threshold"
+    BUDGETED_CHAIN = "budgeted-chain"
+    BEAM_TREE = "beam-tree"
+
+
+POLICIES = tuple(Policy)
+ELASTIC_POLICIES = (Policy.ECHO, Policy.DENSE_GATING, Policy.FIXED_THRESHOLD)  # ElasticPolicy: Alg. 1, ablations
 
 
 @dataclass(frozen=True)

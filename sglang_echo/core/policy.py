@@ -3,7 +3,7 @@
 One speculative step builds every request's tree depth by depth (ECHO Alg. 1 works the same
 way)::
 
-    state = policy.start(roots)                  # depth 0: every tree is its root
+    state = policy.start(roots, k_max)           # depth 0: every tree is its root; the cap
     while not state.done:
         cands = drafter.propose(state.frontier(), policy.children_per_node)
         policy.advance(state, cands)             # gates, budget, which nodes enter the trees
@@ -104,7 +104,9 @@ class TreePolicy(ABC):
     budgeted: bool = False  # whether the policy honours the K_max cap (Eq. 4)
     pool_capacity: Optional[int] = None  # preallocated pool columns (a fused kernel writes them in place)
 
-    def start(self, roots: Tensor) -> BuildState:
+    def start(self, roots: Tensor, k_max: int | None = None) -> BuildState:
+        """Depth 0: every tree is its root. ``k_max``: the step's cap, roots included, for budgeted
+        policies (None: their own)."""
         B, dev = roots.numel(), roots.device
         state = BuildState(
             pool=NodePool(roots, self.pool_capacity),
@@ -131,15 +133,11 @@ def build_trees(policy: TreePolicy, drafter: TreeDrafter, roots: Tensor,
                 k_max: int | None = None) -> tuple[DraftTrees, BuildState]:
     """Run one step's draft-and-schedule loop (see the module docstring).
 
-    ``k_max``: this step's verification cap, when lower than the policy's own (a per-step budget
-    such as :class:`~sglang_echo.core.budget.CostModelBudget`'s); only budgeted policies have one.
+    ``k_max``: this step's verification cap, roots included, in place of the policy's own (a
+    server's :class:`~sglang_echo.core.kmax.KMax` at this batch size, or a per-step budget such as
+    :class:`~sglang_echo.core.budget.CostModelBudget`'s); only budgeted policies have one.
     """
-    state = policy.start(roots)
-    if k_max is not None and policy.budgeted:
-        cap = max(k_max - roots.numel(), 0)
-        state.budget = state.budget.clamp(max=cap) if isinstance(state.budget, Tensor) else min(state.budget, cap)
-        if cap == 0:  # plain decoding: nothing is drafted at all
-            state.active = torch.zeros_like(state.active)
+    state = policy.start(roots, k_max)
     while not state.done:
         policy.advance(state, drafter.propose(state.frontier(), policy.children_per_node))
     return policy.finish(state), state

@@ -25,6 +25,7 @@ where the ~60 tensor ops of an eager depth are launch-bound); the trees are the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 from torch import Tensor
@@ -34,7 +35,14 @@ from .policy import BuildState, TreePolicy, grant_in_priority, ranked, take_top
 from .tree import Candidates
 
 
-KERNELS = ("torch", "triton")  # how the control plane runs: tensor ops, or one Triton program a depth
+class ControlKernel(StrEnum):
+    """How the control plane runs: tensor ops, or one Triton program a depth (``kernels/control``)."""
+
+    TORCH = "torch"
+    TRITON = "triton"
+
+
+KERNELS = tuple(ControlKernel)
 
 
 @dataclass(frozen=True)
@@ -67,12 +75,13 @@ class ElasticPolicy(TreePolicy):
         if kernel == "triton":  # the kernel writes each depth's pool columns in place
             self.pool_capacity = 1 + config.max_depth * config.w_def * config.w_max
 
-    def start(self, roots: Tensor) -> BuildState:
+    def start(self, roots: Tensor, k_max: int | None = None) -> BuildState:
         state = super().start(roots)
         B, dev = roots.numel(), roots.device
         # The budget stays on the device: the step's only host syncs are the loop's "any request
         # still active?" per depth and the final compaction (GPU launch queues never drain here).
-        state.budget = torch.full((), max(self.config.k_max - B, 0), dtype=torch.int64, device=dev)
+        cap = self.config.k_max if k_max is None else k_max
+        state.budget = torch.full((), max(cap - B, 0), dtype=torch.int64, device=dev)
         state.active &= state.budget > 0
         state.extra.update(
             trunc_slots=torch.full((B, self.config.w_max), -1, dtype=torch.int64, device=dev),

@@ -416,8 +416,8 @@ class DartTreePolicy(TreePolicy):
         c = drafter.cfg
         self.name = f"dart-tree-{min(self.max_depth, drafter.depth)}x{c.beam}x{c.budget}"
 
-    def start(self, roots: Tensor) -> BuildState:
-        state = super().start(roots)
+    def start(self, roots: Tensor, k_max: int | None = None) -> BuildState:
+        state = super().start(roots, k_max)
         state.depth = state.max_depth  # done: the tree is built in finish()
         return state
 

@@ -112,8 +112,8 @@ class _OnlyActive(TreePolicy):
         self.name, self.max_depth = policy.name, policy.max_depth
         self.children_per_node, self.budgeted = policy.children_per_node, policy.budgeted
 
-    def start(self, roots: Tensor) -> BuildState:
-        state = self.inner.start(roots)
+    def start(self, roots: Tensor, k_max: int | None = None) -> BuildState:
+        state = self.inner.start(roots, k_max)
         state.active = state.active & self.mask.to(state.active.device)
         return state
 

@@ -9,28 +9,32 @@ reach every sglang subprocess). Resolution order, later wins:
 3. the file named by ``SGLANG_ECHO_CONFIG`` (``.json`` or ``.toml``; a top-level table or an
    ``[echo]`` table), or inline JSON when the value starts with ``{``;
 4. per-field environment overrides ``SGLANG_ECHO_<FIELD>`` (``SGLANG_ECHO_POLICY``,
-   ``SGLANG_ECHO_K_MAX``, ``SGLANG_ECHO_MAX_DEPTH``, ``SGLANG_ECHO_W_DEF``, ``SGLANG_ECHO_W_MAX``,
-   ``SGLANG_ECHO_WIDTH``, ``SGLANG_ECHO_CALIBRATION``, ``SGLANG_ECHO_DRAFTER``,
-   ``SGLANG_ECHO_DART_NGRAM``, ``SGLANG_ECHO_VERIFY``, ``SGLANG_ECHO_BUDGET``,
-   ``SGLANG_ECHO_EXPLORE_BACKOFF``, ``SGLANG_ECHO_LAZY_EXTEND``, ``SGLANG_ECHO_CONTROL_KERNEL``).
+   ``SGLANG_ECHO_K_MAX``, ...: every one is registered in :mod:`sglang_echo.env`, and any other
+   ``SGLANG_ECHO_*`` variable, like an unknown key in the file, stops the server at start-up).
 
-Defaults: policy ``echo``, ``k_max`` 64 (batch verification cap, roots included), ``max_depth``
-4, ``w_def`` 1, ``w_max`` 2, no calibration file (the paper's default gates, logged loudly),
-drafter ``eagle3`` (the EAGLE-3 head of ``--speculative-draft-model-path``; ``dart``: a DART head
-there, :mod:`.dart`, with DART's n-gram pruning unless ``dart_ngram`` is false; ``dflash``: a
-DFlash head there, :mod:`.dflash`; ``ngram``: the parameter-free n-gram drafter
-:class:`sglang_echo.drafters.ngram.NGramDrafter`, no draft model).
+Defaults: policy ``echo``, ``k_max`` unset (the batch verification cap, roots included: see
+below), ``max_depth`` 4, ``w_def`` 1, ``w_max`` 2, no calibration file (the paper's default
+gates, logged loudly), drafter ``eagle3`` (the EAGLE-3 head of
+``--speculative-draft-model-path``; ``dart``: a DART head there, :mod:`.dart`, with DART's
+n-gram pruning unless ``dart_ngram`` is false; ``dflash``: a DFlash head there, :mod:`.dflash`;
+``ngram``: the parameter-free n-gram drafter :class:`sglang_echo.drafters.ngram.NGramDrafter`,
+no draft model). The modes (``policy``, ``drafter``, ``verify``, ``budget``, ``control_kernel``)
+are enums whose members compare equal to their names.
+``k_max``: a set value is the paper's fixed cap (Eq. 4). Unset, the server takes the
+calibration's measured knee where it was measured on the same device, else the device's
+default: 64 on a CPU, ``max(256, 2B)`` at batch ``B`` on a GPU
+(:mod:`sglang_echo.core.kmax`, :func:`server_kmax`).
 ``width`` (the padded verify width W) defaults to the widest tree the policy can build:
-``max(max_depth + 1, min(k_max, 1 + max_depth * w_def + w_max))``. ``verify`` ``auto``: the
-target forward runs on the real tree nodes only (``ragged``, :mod:`.ragged`) where the
-attention backend supports it (the CPU platform's), else on every request's ``W`` slots
-(``padded``, what CUDA graphs capture). ``budget`` ``fixed``: every step of a budgeted policy
-(``echo``, ``dense-gating``, ``fixed-threshold``, ``budgeted-chain``) may verify up to ``k_max``;
-``cost``: each step's cap ``<= k_max`` comes from a cost model the worker fits while serving
-(:mod:`sglang_echo.core.budget`), down to plain decoding where drafting does not pay; its
-K_max explorations come every 64 steps served at a load (batch-size half-octave), backing off
-to ``explore_backoff`` (default 16) times that while they keep confirming plain decoding there
-(1: every 64 steps).
+``max(max_depth + 1, 1 + max_depth * w_def + w_max)``, within a set ``k_max``. ``verify``
+``auto``: the target forward runs on the real tree nodes only (``ragged``, :mod:`.ragged`)
+where the attention backend supports it (the CPU platform's), else on every request's ``W``
+slots (``padded``, what CUDA graphs capture). ``budget`` ``fixed``: every step of a budgeted
+policy (``echo``, ``dense-gating``, ``fixed-threshold``, ``budgeted-chain``) may verify up to
+``K_max(B)``; ``cost``: each step's cap ``<= K_max(B)`` comes from a cost model the worker fits
+while serving (:mod:`sglang_echo.core.budget`), down to plain decoding where drafting does not
+pay; its K_max explorations come every 64 steps served at a load (batch-size half-octave),
+backing off to ``explore_backoff`` (default 16) times that while they keep confirming plain
+decoding there (1: every 64 steps).
 ``lazy_extend`` (default 128; EAGLE-3 and DART drafters, without overlap scheduling): a step
 that drafts nothing skips EAGLE's draft extend, and the next step that may draft extends over
 the skipped tokens first (:mod:`.lazy_extend`); a request's draft KV lags by at most that many
@@ -45,23 +49,44 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass, fields, replace
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from sglang_echo.core.factory import ELASTIC_POLICIES
+from sglang_echo import env
+from sglang_echo.core.factory import ELASTIC_POLICIES, Policy
+from sglang_echo.core.kmax import CPU_DEFAULT, Device, KMax, resolve_kmax
+from sglang_echo.core.scheduler import ControlKernel
 
-from .ragged import VERIFY_MODES
+from .ragged import VerifyMode
 
 log = logging.getLogger(__name__)
 
-ENV_CONFIG = "SGLANG_ECHO_CONFIG"
-ENV_PREFIX = "SGLANG_ECHO_"
-DRAFTERS = ("eagle3", "dart", "dflash", "ngram")
+ENV_CONFIG = env.PREFIX + "CONFIG"
+ENV_PREFIX = env.PREFIX
+
+
+class Drafter(StrEnum):
+    """Who proposes the tree nodes: a trained head (EAGLE-3, DART, DFlash) or the n-gram drafter."""
+
+    EAGLE3 = "eagle3"
+    DART = "dart"
+    DFLASH = "dflash"
+    NGRAM = "ngram"
+
+
+class Budget(StrEnum):
+    """How a budgeted policy's per-step cap is set (see the module docstring)."""
+
+    FIXED = "fixed"
+    COST = "cost"
+
+
+DRAFTERS = tuple(Drafter)
+BUDGETS = tuple(Budget)
 # Policies whose tree grows by the elastic scheduler (frontier w_def, children w_max).
 ELASTIC = ELASTIC_POLICIES
-BUDGETS = ("fixed", "cost")  # how a budgeted policy's per-step cap is set (see the module docstring)
 
 
 class EchoConfigError(ValueError):
@@ -70,21 +95,21 @@ class EchoConfigError(ValueError):
 
 @dataclass(frozen=True)
 class EchoConfig:
-    policy: str = "echo"
-    k_max: int = 64
+    policy: Policy = Policy.ECHO
+    k_max: Optional[int] = None  # None: the calibration's measured knee on this device, else the device's default
     max_depth: int = 4
     w_def: int = 1
     w_max: int = 2
     width: Optional[int] = None  # None: derived (see module docstring)
     calibration: Optional[str] = None
-    drafter: str = "eagle3"
+    drafter: Drafter = Drafter.EAGLE3
     dart_ngram: bool = True  # drafter dart: DART's n-gram-enforced ranking (False: the logits alone)
     fixed_tau: float = 0.3
-    verify: str = "auto"  # auto | ragged | padded (see the module docstring)
-    budget: str = "fixed"  # fixed | cost: each step's cap from the measured cost model (budgeted policies)
+    verify: VerifyMode = VerifyMode.AUTO
+    budget: Budget = Budget.FIXED  # cost: each step's cap from the measured cost model (budgeted policies)
     explore_backoff: int = 16  # budget cost: the longest gap between K_max explorations, in units of 64 steps
     lazy_extend: int = 128  # most tokens a plain step may leave out of the draft KV per request (0: off)
-    control_kernel: str = "torch"  # torch | triton: the elastic scheduler as tensor ops or Triton programs (CUDA)
+    control_kernel: ControlKernel = ControlKernel.TORCH  # the elastic scheduler as tensor ops or Triton (CUDA)
     source: str = "defaults"
 
     # -- derived ---------------------------------------------------------------------------
@@ -116,27 +141,29 @@ class EchoConfig:
         frontier slot, at least 2 (sglang's verify path needs a tree for topk >= 2)."""
         return max(2, self.w_max, self.frontier_width)
 
+    def _within_k_max(self, nodes: int) -> int:
+        """A tree of ``nodes`` never outgrows a configured K_max (one request alone may fill it)."""
+        return nodes if self.k_max is None else min(self.k_max, nodes)
+
     def resolved_width(self) -> int:
         if self.width is not None:
             return self.width
-        if self.policy == "static-tree":
-            return max(self.max_depth + 1, min(self.k_max, 1 + self.max_depth * self.w_max))
-        if self.policy == "beam-tree":  # unbudgeted: every depth's beam is verified (calibration)
+        if self.policy == Policy.STATIC_TREE:
+            return max(self.max_depth + 1, self._within_k_max(1 + self.max_depth * self.w_max))
+        if self.policy == Policy.BEAM_TREE:  # unbudgeted: every depth's beam is verified (calibration)
             return 1 + self.max_depth * self.w_max
-        return max(self.max_depth + 1, min(self.k_max, 1 + self.max_depth * self.w_def + self.w_max))
+        return max(self.max_depth + 1, self._within_k_max(1 + self.max_depth * self.w_def + self.w_max))
 
     def validate(self) -> "EchoConfig":
-        from sglang_echo.core.factory import POLICIES
-        from sglang_echo.core.scheduler import KERNELS
-
         def bad(msg: str) -> EchoConfigError:
             return EchoConfigError(f"ECHO config ({self.source}): {msg}")
 
-        if self.policy not in POLICIES:
-            raise bad(f"policy={self.policy!r} is unknown; choose one of {', '.join(POLICIES)}")
-        if self.drafter not in DRAFTERS:
-            raise bad(f"drafter={self.drafter!r} is not supported; choose one of {', '.join(DRAFTERS)}")
-        if self.k_max < 1:
+        for name, kind in _ENUMS.items():
+            try:
+                kind(getattr(self, name))
+            except ValueError:
+                raise bad(_unknown_choice(name, getattr(self, name), kind)) from None
+        if self.k_max is not None and self.k_max < 1:
             raise bad(f"k_max={self.k_max} must be >= 1 (it counts every request's root)")
         if self.max_depth < 1:
             raise bad(f"max_depth={self.max_depth} must be >= 1 (use policy='ar' for no drafting)")
@@ -144,27 +171,21 @@ class EchoConfig:
             raise bad(f"need 1 <= w_def <= w_max, got w_def={self.w_def}, w_max={self.w_max}")
         if self.w_max < 2:
             raise bad(f"w_max={self.w_max} must be >= 2 (the verify path needs a tree, topk >= 2)")
-        if self.verify not in VERIFY_MODES:
-            raise bad(f"verify={self.verify!r} is unknown; choose one of {', '.join(VERIFY_MODES)}")
-        if self.budget not in BUDGETS:
-            raise bad(f"budget={self.budget!r} is unknown; choose one of {', '.join(BUDGETS)}")
         if self.explore_backoff < 1:
             raise bad(f"explore_backoff={self.explore_backoff} must be >= 1 (1: explore every 64 steps)")
         if self.lazy_extend < 0:
             raise bad(f"lazy_extend={self.lazy_extend} must be >= 0 (0: extend the draft KV every step)")
-        if self.control_kernel not in KERNELS:
-            raise bad(f"control_kernel={self.control_kernel!r} is unknown; choose one of {', '.join(KERNELS)}")
         if self.control_kernel == "triton" and self.policy not in ELASTIC:
             raise bad(f"control_kernel='triton' fuses the elastic scheduler ({', '.join(ELASTIC)}), "
-                      f"not policy {self.policy!r}")
+                      f"not policy '{self.policy}'")
         if not 0.0 <= self.fixed_tau <= 1.0:
             raise bad(f"fixed_tau={self.fixed_tau} must be a probability in [0, 1]")
         W = self.resolved_width()
         if W < self.max_depth + 1:
             raise bad(f"width={W} must be >= max_depth + 1 = {self.max_depth + 1}")
-        if self.policy != "static-tree" and W < self.max_tree_nodes and W < self.k_max:
+        if self.policy != Policy.STATIC_TREE and W < self.max_tree_nodes and W < (self.k_max or W + 1):
             raise bad(
-                f"width={W} is smaller than the widest tree policy {self.policy!r} can build "
+                f"width={W} is smaller than the widest tree policy '{self.policy}' can build "
                 f"({self.max_tree_nodes} nodes = 1 + max_depth*w_def + w_max); raise "
                 "--speculative-num-draft-tokens / width or lower max_depth / w_max"
             )
@@ -175,11 +196,13 @@ class EchoConfig:
             )
         return self
 
-    def policy_config(self):
+    def policy_config(self, k_max: Optional[int] = None):
+        """The core policy's settings; ``k_max``: its own cap (default: the configured one, else a
+        CPU's default). A server's worker gives every step the cap of its :class:`KMax`."""
         from sglang_echo.core.factory import PolicyConfig
 
         return PolicyConfig(
-            k_max=self.k_max, max_depth=self.max_depth, w_def=self.w_def, w_max=self.w_max,
+            k_max=k_max or self.k_max or CPU_DEFAULT.flat, max_depth=self.max_depth, w_def=self.w_def, w_max=self.w_max,
             topk=self.w_max, total_tokens=self.resolved_width(), fixed_tau=self.fixed_tau,
             control_kernel=self.control_kernel,
         )
@@ -187,19 +210,31 @@ class EchoConfig:
     def describe(self) -> str:
         d = asdict(self)
         d["width"] = self.resolved_width()
+        d["k_max"] = "auto" if self.k_max is None else self.k_max
         return ", ".join(f"{k}={v}" for k, v in d.items() if k != "source") + f" [{self.source}]"
 
 
 _INT = {"k_max", "max_depth", "w_def", "w_max", "width", "lazy_extend", "explore_backoff"}
 _FLOAT = {"fixed_tau"}
 _BOOL = {"dart_ngram"}
+_ENUMS: dict[str, type[Enum]] = {"policy": Policy, "drafter": Drafter, "verify": VerifyMode, "budget": Budget,
+                                 "control_kernel": ControlKernel}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 _FIELDS = {f.name for f in fields(EchoConfig)} - {"source"}
+
+
+def _unknown_choice(key: str, value: Any, kind: type[Enum]) -> str:
+    return f"{key}={value!r} is unknown; choose one of {', '.join(m.value for m in kind)}"
 
 
 def _coerce(key: str, value: Any, where: str) -> Any:
     if value is None:
         return None
+    if key in _ENUMS:
+        try:
+            return _ENUMS[key](str(value))
+        except ValueError:
+            raise EchoConfigError(f"ECHO config ({where}): {_unknown_choice(key, value, _ENUMS[key])}") from None
     try:
         if key in _INT:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -261,20 +296,23 @@ def load_config(
     """Resolve (defaults < flags < file < env) and validate (unless told not to: the launcher sizes
     the KV pool from the tree shape alone and leaves the rest to the server); see the module
     docstring."""
-    env = os.environ if environ is None else environ
     cfg, sources = EchoConfig(), []
     flags = {"max_depth": num_steps, "w_max": topk, "width": num_draft_tokens}
     flags = {k: v for k, v in flags.items() if v is not None}
     if flags:
         cfg, sources = replace(cfg, **flags), sources + ["--speculative-* flags"]
-    spec = env.get(ENV_CONFIG)
+    try:
+        env.check(environ)
+    except env.EnvError as e:
+        raise EchoConfigError(f"ECHO config (environment): {e}") from None
+    spec = env.get(ENV_CONFIG, environ=environ)
     if spec:
         values, where = _read_file(spec)
         cfg, sources = replace(cfg, **values), sources + [where]
     overrides = {}
     for key in sorted(_FIELDS):
-        raw = env.get(ENV_PREFIX + key.upper())
-        if raw is not None and raw != "":
+        raw = env.get(ENV_PREFIX + key.upper(), environ=environ)
+        if raw is not None:
             overrides[key] = _coerce(key, raw, f"${ENV_PREFIX}{key.upper()}")
     if overrides:
         cfg, sources = replace(cfg, **overrides), sources + ["env " + ",".join(sorted(overrides))]
@@ -288,13 +326,12 @@ def configured_drafter(environ: Optional[Mapping[str, str]] = None) -> str:
     sglang asks the algorithm object's predicates (``is_eagle``, ``is_ngram``, ...) from many
     places, some before the server args are validated; they only need this one field.
     """
-    env = os.environ if environ is None else environ
     drafter = EchoConfig.drafter
-    spec = env.get(ENV_CONFIG)
+    spec = env.get(ENV_CONFIG, environ=environ)
     if spec:
         drafter = _read_file(spec)[0].get("drafter", drafter)
-    raw = env.get(ENV_PREFIX + "DRAFTER")
-    return raw if raw else drafter
+    raw = env.get(ENV_PREFIX + "DRAFTER", environ=environ)
+    return drafter if raw is None else _coerce("drafter", raw, f"${ENV_PREFIX}DRAFTER")
 
 
 def drafter_fingerprint(drafter: str, draft_path: Optional[str | Path] = None) -> Optional[str]:
@@ -333,25 +370,40 @@ def load_calibration_for(cfg: EchoConfig, *, model_path: Optional[str] = None, d
     return calib
 
 
-def make_echo_policy(cfg: EchoConfig, calibration=None):
+def server_kmax(cfg: EchoConfig, calibration, device) -> KMax:
+    """The batch's verification cap of a server on ``device`` (:func:`~sglang_echo.core.kmax.resolve_kmax`):
+    the configured ``k_max``, else the calibration's where it was measured on this device, else the
+    device's default; logged with its source."""
+    measured = calibration.k_max if calibration is not None else None
+    measured_on = Device.from_json(calibration.device) if calibration is not None else None
+    kmax, set_aside = resolve_kmax(cfg.k_max, Device.of(device), measured, measured_on)
+    if set_aside:
+        log.warning("ECHO: %s", set_aside)
+    log.info("ECHO: %s", kmax.describe())
+    return kmax
+
+
+def make_echo_policy(cfg: EchoConfig, calibration=None, kmax: Optional[KMax] = None):
     from sglang_echo.core.factory import make_policy
 
-    return make_policy(cfg.policy, cfg.policy_config(), calibration=calibration)
+    return make_policy(cfg.policy, cfg.policy_config(kmax.flat if kmax else None), calibration=calibration)
 
 
-def make_step_budget(cfg: EchoConfig, policy, padded_width: Optional[int]):
-    """The per-step cost-model cap for ``budget: cost`` (:mod:`sglang_echo.core.budget`), or None.
+def make_step_budget(cfg: EchoConfig, policy, padded_width: Optional[int], kmax: Optional[KMax] = None):
+    """The per-step cost-model cap for ``budget: cost`` (:mod:`sglang_echo.core.budget`), or None;
+    it never exceeds ``kmax`` (default: the configured ``k_max``, else a CPU's default).
 
     ``padded_width``: W when the target verifies every request's W slots, None for ragged verify.
     """
-    if cfg.budget != "cost":
+    if cfg.budget != Budget.COST:
         return None
     if not policy.budgeted:
         log.warning("ECHO: budget=cost ignored: policy %s has no verification cap", cfg.policy)
         return None
     from sglang_echo.core.budget import CostModelBudget
 
-    return CostModelBudget(cfg.k_max, policy.max_depth, padded_width=padded_width, explore_backoff=cfg.explore_backoff)
+    ceiling = kmax or KMax(cfg.k_max or CPU_DEFAULT.flat)
+    return CostModelBudget(ceiling, policy.max_depth, padded_width=padded_width, explore_backoff=cfg.explore_backoff)
 
 
 def check_consistent(cfg: EchoConfig, steps: int, topk: int, num_draft_tokens: int) -> None:

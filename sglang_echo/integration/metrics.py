@@ -12,7 +12,7 @@ sglang's own ``spec_cap_length`` / ``spec_cap_lens_histogram`` come from ``cap_l
 * ``echo_accepted_tokens_total``: accepted tokens incl. the bonus token;
 * ``echo_steps_total``: verify steps;
 * ``echo_gate_evaluated_total{depth}`` / ``echo_gate_passed_total{depth}``;
-* ``echo_budget_k_max``: the configured K_max;
+* ``echo_budget_k_max``: the server's K_max (:class:`~sglang_echo.core.kmax.KMax`'s flat part);
 * ``echo_budget_cap_tokens_total``: sum of the steps' caps (K_max, or the cost model's per-step
   cap under ``budget: cost``), so ``cap / steps`` is the mean cap;
 * ``echo_step_verified_tokens_max``: the largest per-step sum of K_i seen;
@@ -53,9 +53,10 @@ off).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
+
+from sglang_echo import env
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def _noop() -> None:
 
 
 def _env_flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
+    raw = env.get(name, "").strip().lower()
     return default if raw == "" else raw not in ("0", "false", "no", "off")
 
 
@@ -131,8 +132,9 @@ def record_tree_depths(reqs: Sequence, depths: Sequence[int]) -> None:
 
 
 class EchoMetrics:
-    def __init__(self, cfg, enabled: bool) -> None:
-        self.cfg = cfg
+    def __init__(self, k_max: int, enabled: bool) -> None:
+        """``k_max``: the server's K_max (its flat part: :class:`~sglang_echo.core.kmax.KMax`)."""
+        self.k_max = k_max
         self.enabled = enabled
         self.step_max = 0
         self.totals = {"verified": 0, "target": 0, "slots": 0, "accepted": 0, "steps": 0, "exceeded": 0, "cap": 0,
@@ -159,7 +161,8 @@ class EchoMetrics:
             "exceeded": Counter("echo_budget_exceeded", "Steps whose sum of K_i exceeded max(K_max, bs)"),
             "gate_eval": Counter("echo_gate_evaluated", "Confidence gates evaluated", ["depth"]),
             "gate_pass": Counter("echo_gate_passed", "Confidence gates passed", ["depth"]),
-            "k_max": Gauge("echo_budget_k_max", "Configured K_max", multiprocess_mode="max"),
+            "k_max": Gauge("echo_budget_k_max", "The server's K_max (without its growth with the batch)",
+                           multiprocess_mode="max"),
             "cap": Counter("echo_budget_cap_tokens", "Sum of the steps' verification caps (K_max or the cost model's)"),
             "step_max": Gauge("echo_step_verified_tokens_max", "Largest per-step sum of K_i", multiprocess_mode="max"),
             "deferred": Counter("echo_deferred_extend_tokens", "Committed tokens whose draft extend a plain step deferred"),
@@ -175,11 +178,11 @@ class EchoMetrics:
             "verify_seconds": Counter("echo_verify_seconds", "Target verify pass with sglang's acceptance and KV commit"),
             "step_seconds": Counter("echo_step_seconds", "Whole speculative decode step, worker entry to return"),
         }
-        self._m["k_max"].set(self.cfg.k_max)
+        self._m["k_max"].set(self.k_max)
 
     def on_step(self, st, target_tokens: int) -> None:
         total = st.verified
-        cap = self.cfg.k_max if st.cap is None else st.cap
+        cap = self.k_max if st.cap is None else st.cap
         slots = int(st.sizes.numel()) * st.width
         self.totals["verified"] += total
         self.totals["slots"] += slots
@@ -261,14 +264,14 @@ class EchoMetrics:
         if self._m is not None:
             self._m["exceeded"].inc()
 
-    def check_budget(self, policy, k_max: int, st) -> None:
-        """Count (and log) a step of a budgeted policy that verified over max(K_max, bs) (Eq. 4)."""
-        if not getattr(policy, "budgeted", False):
+    def check_budget(self, policy, st) -> None:
+        """Count (and log) a step of a budgeted policy that verified over max(its cap, bs) (Eq. 4)."""
+        if not getattr(policy, "budgeted", False) or st.cap is None:
             return
         total, bs = st.verified, st.sizes.numel()
-        if total > max(k_max, bs):
+        if total > max(st.cap, bs):
             self.budget_exceeded()
-            log.error("ECHO: step verified %d tokens for %d requests, over the budget max(K_max=%d, bs)", total, bs, k_max)
+            log.error("ECHO: step verified %d tokens for %d requests, over the budget max(cap=%d, bs)", total, bs, st.cap)
 
 
 class AcceptanceObservers:

@@ -53,7 +53,7 @@ from sglang_echo.core.tree import Candidates, NodePool
 from sglang_echo.drafters.ngram import NGramDrafter
 
 from .config import (EchoConfig, check_consistent, load_calibration_for, load_config, make_echo_policy,
-                     make_step_budget)
+                     make_step_budget, server_kmax)
 from .history import History
 from .metrics import AcceptanceObservers, EchoMetrics, TimedDrafter, timing_sync
 from .padded import step_width, to_sglang_dense
@@ -149,7 +149,7 @@ class NgramStep:
     draft_forwards: int = 0
     pool: NodePool | None = None  # every drafted candidate (the calibration probe reads it)
     depths: torch.Tensor | None = None  # [bs] deepest node of each request's tree
-    cap: int | None = None  # this step's verification cap (None: the configured K_max)
+    cap: int | None = None  # this step's verification cap, roots included
     width: int = 0  # the padded verify width W the step was laid out in
     verified: int = 0  # sum K_i, roots included
     control_s: float = 0.0  # build_trees minus the drafters' propose, plus packing (see .metrics)
@@ -163,7 +163,7 @@ def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Te
     """ECHO trees over n-gram drafters, in NGRAM's layout: ``(tokens [bs*W] int64, mask [bs*W*W]
     bool, step)`` (host numpy arrays, as NGRAM's corpus returns them). ``step.control_s`` is the
     wall time of all this minus the drafters' ``propose`` (host work: no device sync needed).
-    ``k_max``: this step's cap, when the cost-model budget set one. ``per_step_width``: lay the
+    ``k_max``: this step's cap, roots included (None: the policy's own). ``per_step_width``: lay the
     step out ``W_s = max K_i`` wide instead of ``width`` (``step.width`` says which)."""
     t0 = time.perf_counter()
     drafter = TimedDrafter(BatchDrafter(drafters))
@@ -252,14 +252,15 @@ def _define_worker():
             cfg = load_config(num_steps=self.speculative_num_steps, topk=self.topk,
                               num_draft_tokens=self.speculative_num_draft_tokens)
             if cfg.drafter != "ngram":
-                raise ValueError(f"ECHO ngram worker built for drafter={cfg.drafter!r}")
+                raise ValueError(f"ECHO ngram worker built for drafter='{cfg.drafter}'")
             check_consistent(cfg, self.speculative_num_steps, self.topk, self.speculative_num_draft_tokens)
             calib = load_calibration_for(cfg, model_path=server_args.model_path)
             self.echo_cfg: EchoConfig = cfg
-            self.echo_policy = make_echo_policy(cfg, calib)
+            self.echo_kmax = server_kmax(cfg, calib, self.device)
+            self.echo_policy = make_echo_policy(cfg, calib, self.echo_kmax)
             self.echo_width = cfg.resolved_width()
             self.ngram_corpus = RequestDrafters()
-            self.echo_metrics = EchoMetrics(cfg, enabled=bool(getattr(server_args, "enable_metrics", False)))
+            self.echo_metrics = EchoMetrics(self.echo_kmax.flat, enabled=bool(getattr(server_args, "enable_metrics", False)))
             self._echo_step: NgramStep | None = None
             self.echo_probe = ProbeRecorder.from_env(self.device)
             self._echo_draft_s = 0.0
@@ -275,7 +276,7 @@ def _define_worker():
             super().init_attention_backends()
             self.echo_verify = resolve_verify_mode(self.echo_cfg.verify, self.model_runner.attn_backend)
             padded = None if self.echo_verify == "ragged" else self.echo_width
-            self.echo_budget = make_step_budget(self.echo_cfg, self.echo_policy, padded)
+            self.echo_budget = make_step_budget(self.echo_cfg, self.echo_policy, padded, self.echo_kmax)
             if self.echo_budget is not None:  # the cost model needs true device times
                 self.echo_sync = timing_sync(self.device, force=True)
             log.info("ECHO ngram worker: %s verify, %s budget", self.echo_verify, self.echo_cfg.budget)
@@ -326,7 +327,7 @@ def _define_worker():
                 drafters.append(self.ngram_corpus.sync(req.rid, hist))
                 roots.append(hist[-1])  # the last committed token: its KV is written by this verify
                 root_positions.append(len(hist) - 1)
-            cap = None if self.echo_budget is None else self.echo_budget.cap(bs)
+            cap = self.echo_kmax(bs) if self.echo_budget is None else self.echo_budget.cap(bs)
             tokens, mask, step = build_ngram_drafts(
                 self.echo_policy, drafters, torch.tensor(roots, dtype=torch.int64), self.echo_width, k_max=cap,
                 per_step_width=self.echo_step_width)
@@ -370,7 +371,7 @@ def _define_worker():
                     self.echo_probe.on_verify(forward_tokens,
                                               time.perf_counter() - t0 - self._echo_draft_s)
                 result.cap_lens = st.sizes.to(self.device)
-                self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st)
+                self.echo_metrics.check_budget(self.echo_policy, st)
                 self.echo_metrics.on_step(st, forward_tokens)
                 if self.echo_budget is not None:
                     decision = self.echo_budget.observe_step(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from enum import StrEnum
 from typing import Any, Callable
 
 import torch
@@ -39,7 +40,18 @@ log = logging.getLogger(__name__)
 
 RUNNER_FORWARD = "sglang.srt.model_executor.model_runner.ModelRunner.forward"  # hooked (AROUND)
 MARK = "echo_verify_lens"  # attribute on the verify input (spec_info) that requests ragged verify
-VERIFY_MODES = ("auto", "ragged", "padded")
+
+
+class VerifyMode(StrEnum):
+    """Which tokens the target's verify forward computes: every request's ``W`` slots
+    (``padded``), its real tree nodes only (``ragged``), or ragged where the backend can (``auto``)."""
+
+    AUTO = "auto"
+    RAGGED = "ragged"
+    PADDED = "padded"
+
+
+VERIFY_MODES = tuple(VerifyMode)
 # Per-token inputs of a TARGET_VERIFY ForwardBatch (others are per request or scalars; the write
 # locations come from the batch's KVLocPlan, which supports packed ragged rows itself).
 _TOKEN_FIELDS = ("input_ids", "positions")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
@@ -27,30 +26,45 @@ class EchoSpecAlgo(CustomSpecAlgo):
     aux hidden capture, draft KV, FutureMap relay of topk/hidden states). With ``drafter:
     ngram`` there is no draft model and it presents itself to sglang exactly as NGRAM does
     (``is_ngram()``: verify-only relay, no draft KV, synchronous grammar), and the worker is
-    :class:`~sglang_echo.integration.ngram_worker.EchoNgramWorker`. The drafter comes from the
-    ECHO settings (environment, identical in every sglang process).
+    :class:`~sglang_echo.integration.ngram_worker.EchoNgramWorker`.
+
+    The drafter is settled once, when sglang registers the algorithm in a process (the plugin
+    runs in every sglang process, and the ECHO settings are the same in all of them), so the
+    algorithm's identity never changes under sglang's feet. An invalid setting falls back to the
+    default here; ``validate_server_args`` reports it and stops the launch.
     """
 
+    def __init__(self, name, factory, supports_overlap, validate_server_args):
+        super().__init__(name=name, factory=factory, supports_overlap=supports_overlap,
+                         validate_server_args=validate_server_args)
+        from .config import Drafter, EchoConfigError, configured_drafter
+
+        try:
+            self.drafter = configured_drafter()
+        except EchoConfigError:
+            self.drafter = Drafter.EAGLE3
+        self._ngram = self.drafter == Drafter.NGRAM
+
     def is_eagle(self) -> bool:  # EAGLE plumbing: aux hidden capture, KV sizing, FutureMap
-        return not _ngram()
+        return not self._ngram
 
     def is_eagle3(self) -> bool:  # EAGLE-3 aux hidden states + hot-token map
-        return not _ngram()
+        return not self._ngram
 
     def is_ngram(self) -> bool:  # NGRAM plumbing: no draft model/KV, accept_tokens relay
-        return _ngram()
+        return self._ngram
 
     def has_draft_kv(self) -> bool:
-        return not _ngram()
+        return not self._ngram
 
     def supports_grammar_overlap(self) -> bool:  # EAGLE: verify goes through run_eagle_verify
-        return not _ngram()  # NGRAM drafts on the host and stays synchronous
+        return not self._ngram  # NGRAM drafts on the host and stays synchronous
 
     def need_topk(self) -> bool:  # FutureMap relays topk_p / topk_index / hidden states
-        return not _ngram()
+        return not self._ngram
 
     def carries_draft_hidden_states(self) -> bool:
-        return not _ngram()
+        return not self._ngram
 
     def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens: bool = True,
                           needs_confidence_relay: bool = False):
@@ -62,7 +76,7 @@ class EchoSpecAlgo(CustomSpecAlgo):
         return None
 
     def create_worker(self, server_args):
-        if not _ngram():
+        if not self._ngram:
             return super().create_worker(server_args)  # the registered factory: EchoWorker
         # Registered with supports_overlap=True, so the base method would only call the factory.
         from .compat import assert_compatible
@@ -74,34 +88,6 @@ class EchoSpecAlgo(CustomSpecAlgo):
 
     def handle_server_args(self, server_args) -> None:
         handle_server_args(server_args)
-
-
-_DRAFTER_CACHE: dict[tuple, str] = {}
-
-
-def _drafter() -> str:
-    """The configured ECHO drafter, cached per (config, drafter) environment values."""
-    from .config import (
-        ENV_CONFIG,
-        ENV_PREFIX,
-        EchoConfig,
-        EchoConfigError,
-        configured_drafter,
-    )
-
-    key = (os.environ.get(ENV_CONFIG), os.environ.get(ENV_PREFIX + "DRAFTER"))
-    hit = _DRAFTER_CACHE.get(key)
-    if hit is None:
-        try:
-            hit = configured_drafter()
-        except EchoConfigError:  # reported by validate_server_args, which stops the launch
-            hit = EchoConfig.drafter
-        _DRAFTER_CACHE[key] = hit
-    return hit
-
-
-def _ngram() -> bool:
-    return _drafter() == "ngram"
 
 
 def _echo_config(sa):

@@ -54,7 +54,7 @@ from sglang_echo.calibration.probe import ProbeRecorder
 from sglang_echo.core.policy import build_trees
 
 from .config import (EchoConfig, check_consistent, configured_drafter, load_calibration_for, load_config,
-                     make_echo_policy, make_step_budget)
+                     make_echo_policy, make_step_budget, server_kmax)
 from .drafter import EagleFrontierDrafter
 from .lazy_extend import DraftBacklog, catch_up, defer_extend, pool_slots, root_positions
 from .metrics import AcceptanceObservers, EchoMetrics, TimedDrafter, _noop, timing_sync
@@ -85,7 +85,7 @@ class EchoStepState:
         self.gate_passed: Optional[torch.Tensor] = None
         self.draft_forwards = 0
         self.depths: Optional[torch.Tensor] = None  # [bs] deepest node of each request's tree
-        self.cap: Optional[int] = None  # this step's verification cap (None: the configured K_max)
+        self.cap: Optional[int] = None  # this step's verification cap, roots included (None: an idle step)
         self.width = 0  # this step's padded verify width (W, or W_s = max K_i: see step_width)
         self.forward_tokens = 0  # tokens the target's verify forward computed
         # Wall seconds (see .metrics): set by draft() / verify(), read once by the step.
@@ -111,15 +111,18 @@ class EchoDraftWorker(EagleDraftWorker):
     echo_drafter: str = "eagle3"
     echo_dflash = None  # drafter dflash: the head and its context in the draft KV pool (DFlashPoolContext)
     echo_budget = None  # budget cost: the CostModelBudget choosing each step's cap
+    echo_kmax = None  # the server's KMax: each step's cap under budget fixed, the ceiling under cost
     echo_step_width = False  # lay each step out max K_i wide (set by EchoWorker.init_cuda_graphs)
     echo_backlog: Optional[DraftBacklog] = None  # lazy extend: plain steps' pairs not yet in the draft KV
 
-    def _may_draft(self, cap: Optional[int], bs: int) -> bool:
+    def _may_draft(self, cap: int, bs: int) -> bool:
         """Whether this step's trees can have drafts: a budgeted policy's cap (``sum K_i <=
         max(cap, bs)``) must exceed the roots."""
-        if not self.echo_policy.budgeted:
-            return True
-        return (self.echo_cfg.k_max if cap is None else cap) > bs
+        return not self.echo_policy.budgeted or cap > bs
+
+    def step_cap(self, bs: int) -> int:
+        """This step's verification cap, roots included: the cost budget's choice, else ``K_max(bs)``."""
+        return self.echo_kmax(bs) if self.echo_budget is None else self.echo_budget.cap(bs)
 
     def step_width(self, sizes: torch.Tensor) -> int:
         """This step's padded verify width: ``W``, or ``W_s = max K_i`` where every stage sizes
@@ -141,7 +144,7 @@ class EchoDraftWorker(EagleDraftWorker):
         finally:
             self.speculative_num_draft_tokens = saved
 
-    def plain_step(self, cap: Optional[int], bs: int) -> bool:
+    def plain_step(self, cap: int, bs: int) -> bool:
         """A step that cannot draft and is laid out 1 wide: its verify input is built directly
         (:func:`.padded.plain_dense`), skipping the draft setup (the draft tokens' KV slots, the
         draft attention metadata, the drafter) and the policy's loop, so that such a step costs
@@ -162,7 +165,7 @@ class EchoDraftWorker(EagleDraftWorker):
         bs = batch.seq_lens.shape[0]
         roots = batch.spec_info.bonus_tokens.reshape(bs).long()
         verify_mask, full_mask = self._verify_mask()
-        st.cap = None if self.echo_budget is None else self.echo_budget.cap(bs)
+        st.cap = self.step_cap(bs)
         kv_loc_plan, trees, state = None, None, None
         if self.plain_step(st.cap, bs):
             t_build = t_pack = time.perf_counter()  # control: the packing below
@@ -371,7 +374,8 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
             cfg, model_path=server_args.model_path, draft_path=server_args.speculative_draft_model_path
         )
         self.echo_cfg = cfg
-        self.echo_policy = make_echo_policy(cfg, calib)
+        self.echo_kmax = server_kmax(cfg, calib, self.device)
+        self.echo_policy = make_echo_policy(cfg, calib, self.echo_kmax)
         self.echo_width = cfg.resolved_width()
         self.echo_verify = "padded"  # until init_attention_backends: the target's backend decides
         self.echo_probe = ProbeRecorder.from_env(self.device)
@@ -379,6 +383,7 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
         if dw is not None:
             dw.__class__ = EchoDraftWorker
             dw.echo_cfg, dw.echo_policy, dw.echo_width = cfg, self.echo_policy, self.echo_width
+            dw.echo_kmax = self.echo_kmax
             dw.echo_probe = self.echo_probe
             dw.echo_step = EchoStepState()
             dw.echo_drafter = cfg.drafter
@@ -390,7 +395,7 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
                 dw.echo_dart = self._dart_search(dw, server_args, cfg)
                 dw.echo_history = TokenHistory(self.device)
         self.echo_lazy_extend = dw is not None and self._lazy_extend_applies(server_args, cfg)
-        self.echo_metrics = EchoMetrics(cfg, enabled=bool(getattr(server_args, "enable_metrics", False)))
+        self.echo_metrics = EchoMetrics(self.echo_kmax.flat, enabled=bool(getattr(server_args, "enable_metrics", False)))
         self.echo_sync = timing_sync(self.device)
         if dw is not None:
             dw.echo_metrics, dw.echo_sync = self.echo_metrics, self.echo_sync
@@ -427,7 +432,8 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
         super().init_attention_backends()
         self.echo_verify = resolve_verify_mode(self.echo_cfg.verify, self.target_worker.model_runner.attn_backend)
         ragged = self.echo_verify == "ragged"
-        self.echo_budget = make_step_budget(self.echo_cfg, self.echo_policy, None if ragged else self.echo_width)
+        self.echo_budget = make_step_budget(self.echo_cfg, self.echo_policy, None if ragged else self.echo_width,
+                                            self.echo_kmax)
         if self.echo_budget is not None:  # the cost model needs true device times
             self.echo_sync = timing_sync(self.device, force=True)
         if self._draft_worker is not None:
@@ -477,7 +483,7 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
         st.verify_s = time.perf_counter() - t0
         st.forward_tokens = forward_tokens
         result.cap_lens = st.sizes
-        self.echo_metrics.check_budget(self.echo_policy, self.echo_cfg.k_max, st)
+        self.echo_metrics.check_budget(self.echo_policy, st)
         self.echo_metrics.on_step(st, forward_tokens)
         return result
 

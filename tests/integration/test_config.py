@@ -13,7 +13,7 @@ from sglang_echo.integration.config import EchoConfig, EchoConfigError, load_cal
 
 def test_defaults_documented():
     cfg = load_config(environ={})
-    assert (cfg.policy, cfg.k_max, cfg.max_depth, cfg.w_def, cfg.w_max, cfg.calibration) == ("echo", 64, 4, 1, 2, None)
+    assert (cfg.policy, cfg.k_max, cfg.max_depth, cfg.w_def, cfg.w_max, cfg.calibration) == ("echo", None, 4, 1, 2, None)
     assert cfg.resolved_width() == 1 + 4 * 1 + 2
     assert cfg.source == "defaults"
 
@@ -54,7 +54,9 @@ def test_dart_drafter_and_its_ngram_switch():
         ({"SGLANG_ECHO_W_MAX": "1", "SGLANG_ECHO_W_DEF": "1"}, "w_max=1 must be >= 2"),
         ({"SGLANG_ECHO_WIDTH": "3"}, "width=3 must be >= max_depth"),
         ({"SGLANG_ECHO_WIDTH": "5"}, "smaller than the widest tree"),
-        ({"SGLANG_ECHO_DRAFTER": "medusa"}, "drafter='medusa' is not supported"),
+        ({"SGLANG_ECHO_DRAFTER": "medusa"}, "drafter='medusa' is unknown; choose one of eagle3, dart, dflash, ngram"),
+        ({"SGLANG_ECHO_KMAX": "5"}, "SGLANG_ECHO_KMAX \\(did you mean SGLANG_ECHO_K_MAX\\?\\): nothing reads"),
+        ({"SGLANG_ECHO_POLCY": "chain"}, "SGLANG_ECHO_POLCY \\(did you mean SGLANG_ECHO_POLICY\\?\\)"),
         ({"SGLANG_ECHO_DART_NGRAM": "maybe"}, "dart_ngram='maybe' is not a valid boolean"),
         ({"SGLANG_ECHO_CONFIG": "/nonexistent/echo.json"}, "does not name a file"),
         ({"SGLANG_ECHO_CONFIG": '{"kmax": 3}'}, r"unknown setting\(s\) \['kmax'\]"),

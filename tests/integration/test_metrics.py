@@ -21,7 +21,7 @@ def prom_metrics():
     """An enabled EchoMetrics on prometheus_client's default registry, unregistered afterwards."""
     from prometheus_client import REGISTRY
 
-    m = EchoMetrics(SimpleNamespace(k_max=32), enabled=True)
+    m = EchoMetrics(32, enabled=True)
     assert m._m is not None
     try:
         yield m, REGISTRY
@@ -60,7 +60,7 @@ def test_budget_decisions_are_counted_by_arm_and_reason(prom_metrics):
 
 
 def test_timing_never_raises():
-    m = EchoMetrics(SimpleNamespace(k_max=8), enabled=False)  # totals only
+    m = EchoMetrics(8, enabled=False)  # totals only
     m.on_timing(control=0.5, draft=0.0, verify=0.0, step=1.0)
     assert m.totals["control_seconds"] == 0.5 and m._m is None
 
@@ -119,12 +119,12 @@ def test_tree_depths_are_token_aligned():
 
 def test_on_tree_depths_toggle_and_errors(monkeypatch):
     r = _req(2)
-    m = EchoMetrics(SimpleNamespace(k_max=8), enabled=False)
+    m = EchoMetrics(8, enabled=False)
     m.on_tree_depths([r], torch.tensor([4]))
     assert r.customized_info == {DEPTH_KEY: [0, 0, 4]}
     m.on_tree_depths([object()], torch.tensor([1]))  # no customized_info attribute: logged, not raised
     monkeypatch.setenv(M.DEPTH_ENV, "0")
-    off = EchoMetrics(SimpleNamespace(k_max=8), enabled=False)
+    off = EchoMetrics(8, enabled=False)
     r2 = _req(1)
     off.on_tree_depths([r2], torch.tensor([4]))
     assert r2.customized_info is None
