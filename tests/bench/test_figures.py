@@ -13,7 +13,7 @@ from sglang_echo.bench import figures
 from .test_serve_report import _report
 
 pytest.importorskip("matplotlib")
-REPO = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).resolve().parent / "data"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -29,7 +29,7 @@ def test_all_figures_from_a_full_report(tmp_path):
 
 
 def test_old_results_without_u_still_get_throughput(tmp_path):
-    src = REPO / "benchmarks/results/serve-smollm2-ragged/serve.json"
+    src = DATA / "serve-old-format.json"  # an early serve.json: no per-request records
     data = json.loads(src.read_text())
     assert "per_request" not in data["runs"][0]
     written = figures.render(data, tmp_path)
@@ -48,14 +48,15 @@ def test_cli_redraws_next_to_serve_json(tmp_path, capsys):
 
 
 def test_several_passes_draw_each_speedup_with_its_interval(tmp_path, monkeypatch):
-    """A run with ``--repeats 2`` (the committed c = 1-256 sweep): the speedup panel draws every
-    config's geometric mean over the passes with its 95% interval, one per (config, level)."""
+    """A run with ``--repeats 2`` (the c = 1-256 sweep's runs, trimmed to what the figure reads): the
+    speedup panel draws every config's geometric mean over the passes with its 95% interval, one per
+    (config, level)."""
     from sglang_echo.bench import serve_tables
 
     drawn = []
     real = serve_tables.ratio_interval
     monkeypatch.setattr(serve_tables, "ratio_interval", lambda rs: drawn.append(len(rs)) or real(rs))
-    data = json.loads((REPO / "benchmarks/results/serve-smollm2-c1-c256/serve.json").read_text())
+    data = json.loads((DATA / "serve-two-passes.json").read_text())
     written = figures.render(data, tmp_path)
     assert _is_png(tmp_path / "throughput.png") and tmp_path / "throughput.png" in written
     assert drawn == [2] * 12  # eagle3 and echo-cost at c = 1, 8, 32, 64, 128, 256
