@@ -138,6 +138,7 @@ class EchoMetrics:
         self.enabled = enabled
         self.step_max = 0
         self.totals = {"verified": 0, "target": 0, "slots": 0, "accepted": 0, "steps": 0, "exceeded": 0, "cap": 0,
+                       "faults": 0,
                        "timed_steps": 0, "deferred": 0, "caught_up": 0, **{f"{k}_seconds": 0.0 for k in TIMERS}}
         self.request_depth = _env_flag(DEPTH_ENV, True)
         self._m = None
@@ -159,6 +160,8 @@ class EchoMetrics:
             "accepted": Counter("echo_accepted_tokens", "Tokens accepted by verification (incl. bonus)"),
             "steps": Counter("echo_steps", "ECHO verify steps"),
             "exceeded": Counter("echo_budget_exceeded", "Steps whose sum of K_i exceeded max(K_max, bs)"),
+            "faults": Counter("echo_draft_faults", "Steps verified as plain decoding because the drafter failed",
+                              ["kind"]),
             "gate_eval": Counter("echo_gate_evaluated", "Confidence gates evaluated", ["depth"]),
             "gate_pass": Counter("echo_gate_passed", "Confidence gates passed", ["depth"]),
             "k_max": Gauge("echo_budget_k_max", "The server's K_max (without its growth with the batch)",
@@ -263,6 +266,12 @@ class EchoMetrics:
         self.totals["exceeded"] += 1
         if self._m is not None:
             self._m["exceeded"].inc()
+
+    def draft_fault(self, kind: str) -> None:
+        """A step whose drafter failed (:mod:`.faults`): verified as plain decoding."""
+        self.totals["faults"] += 1
+        if self._m is not None:
+            self._m["faults"].labels(kind=str(kind)).inc()
 
     def check_budget(self, policy, st) -> None:
         """Count (and log) a step of a budgeted policy that verified over max(its cap, bs) (Eq. 4)."""

@@ -54,6 +54,7 @@ from sglang_echo.drafters.ngram import NGramDrafter
 
 from .config import (EchoConfig, check_consistent, load_calibration_for, load_config, make_echo_policy,
                      make_step_budget, server_kmax)
+from .faults import DraftGuard
 from .history import History
 from .metrics import AcceptanceObservers, EchoMetrics, TimedDrafter, timing_sync
 from .padded import step_width, to_sglang_dense
@@ -159,15 +160,19 @@ class NgramStep:
 
 
 def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Tensor, width: int,
-                       k_max: int | None = None, per_step_width: bool = False):
+                       k_max: int | None = None, per_step_width: bool = False, guard: DraftGuard | None = None):
     """ECHO trees over n-gram drafters, in NGRAM's layout: ``(tokens [bs*W] int64, mask [bs*W*W]
     bool, step)`` (host numpy arrays, as NGRAM's corpus returns them). ``step.control_s`` is the
     wall time of all this minus the drafters' ``propose`` (host work: no device sync needed).
     ``k_max``: this step's cap, roots included (None: the policy's own). ``per_step_width``: lay the
-    step out ``W_s = max K_i`` wide instead of ``width`` (``step.width`` says which)."""
+    step out ``W_s = max K_i`` wide instead of ``width`` (``step.width`` says which). ``guard``: the
+    worker's :class:`~.faults.DraftGuard` (a failing drafter's step is verified as plain decoding)."""
     t0 = time.perf_counter()
     drafter = TimedDrafter(BatchDrafter(drafters))
-    trees, state = build_trees(policy, drafter, roots, k_max=k_max)
+    if guard is None:
+        trees, state = build_trees(policy, drafter, roots, k_max=k_max)
+    else:
+        trees, state, _ = guard.build(policy, drafter, roots, k_max)
     width = step_width(trees.sizes, width, per_step_width)
     dense = to_sglang_dense(trees, torch.zeros_like(roots), width)  # positions: NGRAM rebuilds them
     step = NgramStep(dense.sizes, state.gate_evaluated, state.gate_passed, drafter.forwards, state.pool)
@@ -261,6 +266,7 @@ def _define_worker():
             self.echo_width = cfg.resolved_width()
             self.ngram_corpus = RequestDrafters()
             self.echo_metrics = EchoMetrics(self.echo_kmax.flat, enabled=bool(getattr(server_args, "enable_metrics", False)))
+            self.echo_guard = DraftGuard(self.model_runner.model_config.vocab_size, self.echo_metrics.draft_fault)
             self._echo_step: NgramStep | None = None
             self.echo_probe = ProbeRecorder.from_env(self.device)
             self._echo_draft_s = 0.0
@@ -330,7 +336,7 @@ def _define_worker():
             cap = self.echo_kmax(bs) if self.echo_budget is None else self.echo_budget.cap(bs)
             tokens, mask, step = build_ngram_drafts(
                 self.echo_policy, drafters, torch.tensor(roots, dtype=torch.int64), self.echo_width, k_max=cap,
-                per_step_width=self.echo_step_width)
+                per_step_width=self.echo_step_width, guard=self.echo_guard)
             step.draft_s = time.perf_counter() - t0 - step.control_s  # catch-up + lookups
             self._echo_step = step
             self.echo_metrics.on_tree_depths(batch.reqs, step.depths)

@@ -51,11 +51,11 @@ from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_ea
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from sglang_echo.calibration.probe import ProbeRecorder
-from sglang_echo.core.policy import build_trees
 
 from .config import (EchoConfig, check_consistent, configured_drafter, load_calibration_for, load_config,
                      make_echo_policy, make_step_budget, server_kmax)
 from .drafter import EagleFrontierDrafter
+from .faults import DraftGuard
 from .lazy_extend import DraftBacklog, catch_up, defer_extend, pool_slots, root_positions
 from .metrics import AcceptanceObservers, EchoMetrics, TimedDrafter, _noop, timing_sync
 from .padded import plain_dense, step_width, to_sglang_dense
@@ -112,6 +112,7 @@ class EchoDraftWorker(EagleDraftWorker):
     echo_dflash = None  # drafter dflash: the head and its context in the draft KV pool (DFlashPoolContext)
     echo_budget = None  # budget cost: the CostModelBudget choosing each step's cap
     echo_kmax = None  # the server's KMax: each step's cap under budget fixed, the ceiling under cost
+    echo_guard: DraftGuard  # builds the trees; a failing drafter's step is verified as plain decoding
     echo_step_width = False  # lay each step out max K_i wide (set by EchoWorker.init_cuda_graphs)
     echo_backlog: Optional[DraftBacklog] = None  # lazy extend: plain steps' pairs not yet in the draft KV
 
@@ -177,7 +178,7 @@ class EchoDraftWorker(EagleDraftWorker):
             drafter = TimedDrafter(self._frontier(batch, forward_batch, roots), self.echo_sync)
             self.echo_sync()
             t_build = time.perf_counter()
-            trees, state = build_trees(self.echo_policy, drafter, roots, k_max=st.cap)
+            trees, state, _ = self.echo_guard.build(self.echo_policy, drafter, roots, st.cap)
             t_pack = time.perf_counter()  # control: [t_build, t_pack) minus propose, then packing
             st.sizes, propose_s = trees.sizes.to(torch.int32), drafter.seconds
             st.gate_evaluated, st.gate_passed = state.gate_evaluated, state.gate_passed
@@ -399,6 +400,8 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
         self.echo_sync = timing_sync(self.device)
         if dw is not None:
             dw.echo_metrics, dw.echo_sync = self.echo_metrics, self.echo_sync
+            dw.echo_guard = DraftGuard(self.target_worker.model_runner.model_config.vocab_size,
+                                       self.echo_metrics.draft_fault)
         log.info("ECHO worker: policy %s (%s)", self.echo_policy.name, cfg.describe())
 
     @staticmethod

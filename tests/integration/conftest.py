@@ -77,12 +77,13 @@ def run_staggered(url: str, inputs, *, rids: Optional[Sequence[str]] = None,
 
 
 def scrape(url: str) -> dict[str, float]:
-    """The server's ``echo_*`` Prometheus series (``name[depth]`` for per-depth ones)."""
+    """The server's ``echo_*`` Prometheus series (``name[value]`` for a series with one label, e.g.
+    ``echo_gate_evaluated_total[2]`` for depth 2, ``echo_draft_faults_total[raise]``)."""
     out = {}
     for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
-        m = re.match(r'^(echo_\w+)(\{depth="(\d+)"\})?\s+([0-9.eE+-]+)$', line)
+        m = re.match(r'^(echo_\w+)(\{\w+="([^"]*)"\})?\s+([0-9.eE+-]+)$', line)
         if m:
-            out[m.group(1) + (f"[{m.group(3)}]" if m.group(3) else "")] = float(m.group(4))
+            out[m.group(1) + (f"[{m.group(3)}]" if m.group(2) else "")] = float(m.group(4))
     return out
 
 

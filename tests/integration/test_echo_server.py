@@ -60,8 +60,9 @@ def _calibration(tmp_path_factory, tiny_pair) -> Path:
 
 
 def run_policy(policy: str, tiny_pair, prompt_ids, reference, tmp_path_factory, *, sampled: bool = False,
-               budget: str = "fixed"):
-    env = {"SGLANG_ECHO_POLICY": policy, "SGLANG_ECHO_K_MAX": str(K_MAX), "SGLANG_ECHO_BUDGET": budget}
+               budget: str = "fixed", faults: str = ""):
+    env = {"SGLANG_ECHO_POLICY": policy, "SGLANG_ECHO_K_MAX": str(K_MAX), "SGLANG_ECHO_BUDGET": budget,
+           "SGLANG_ECHO_FAULT_INJECT": faults}
     if policy in ("echo", "dense-gating", "fixed-threshold"):
         env["SGLANG_ECHO_CALIBRATION"] = str(_calibration(tmp_path_factory, tiny_pair))
     if policy == "fixed-threshold":
@@ -117,8 +118,12 @@ def test_echo_greedy_lossless_budgeted_and_sampled(tiny_pair, prompt_ids, refere
 
 
 def test_echo_cost_budget_greedy_lossless(tiny_pair, prompt_ids, reference, tmp_path_factory):
-    """Per-step caps from the cost model (core.budget): smaller trees, the same tokens."""
-    run_policy("echo", tiny_pair, prompt_ids, reference, tmp_path_factory, budget="cost")
+    """Per-step caps from the cost model (core.budget): smaller trees, the same tokens. With a
+    fault drill: the drafter raises in its 3rd drafting step and proposes an out-of-vocabulary
+    token in its 6th; each such step is verified as plain decoding, no request is lost."""
+    _, metrics = run_policy("echo", tiny_pair, prompt_ids, reference, tmp_path_factory, budget="cost",
+                            faults="raise:3,garbage:6")
+    assert metrics["echo_draft_faults_total[raise]"] == 1 and metrics["echo_draft_faults_total[garbage]"] == 1
 
 
 @pytest.mark.parametrize("policy", ["chain", "static-tree"])

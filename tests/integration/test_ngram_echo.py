@@ -235,11 +235,11 @@ def _start(model: Path, *, spec: str = "none", env: dict | None = None, tag: str
     )
 
 
-def run_policy(policy: str, smollm2_dir: Path, prompt_ids, reference, tmp_path_factory, n: int):
+def run_policy(policy: str, smollm2_dir: Path, prompt_ids, reference, tmp_path_factory, n: int, faults: str = ""):
     from sglang_echo.core.calibration_file import fingerprint
     from sglang_echo.integration.config import drafter_fingerprint
 
-    env = {**NGRAM, "SGLANG_ECHO_POLICY": policy, "SGLANG_ECHO_K_MAX": str(K_MAX)}
+    env = {**NGRAM, "SGLANG_ECHO_POLICY": policy, "SGLANG_ECHO_K_MAX": str(K_MAX), "SGLANG_ECHO_FAULT_INJECT": faults}
     if policy in ELASTIC:
         calib = tmp_path_factory.mktemp("calib") / "calibration.json"
         # Gates at depths 1 and 2 that some n-gram proposals pass and some fail.
@@ -292,12 +292,16 @@ def run_policy(policy: str, smollm2_dir: Path, prompt_ids, reference, tmp_path_f
         assert correct == 0 and all(g.meta.get("spec_cap_length", 1.0) == 1.0 for g in got)
     else:  # the drafter proposes and the target accepts: fewer verify steps than tokens
         assert correct > 0 and steps < tokens
-    return got
+    return metrics
 
 
 @pytest.mark.server
 def test_echo_ngram_lossless_on_every_prompt(smollm2_dir, prompt_ids, reference, tmp_path_factory):
-    run_policy("echo", smollm2_dir, prompt_ids, reference, tmp_path_factory, n=len(prompt_ids))
+    """With a fault drill (the n-gram drafters raise in the 2nd drafting step, propose an
+    out-of-vocabulary token in the 5th): those steps are plain decoding, every output is exact."""
+    metrics = run_policy("echo", smollm2_dir, prompt_ids, reference, tmp_path_factory, n=len(prompt_ids),
+                         faults="raise:2,garbage:5")
+    assert metrics["echo_draft_faults_total[raise]"] == 1 and metrics["echo_draft_faults_total[garbage]"] == 1
 
 
 @pytest.mark.server
