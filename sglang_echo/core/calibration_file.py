@@ -108,6 +108,19 @@ def fingerprint(path: str | Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def local_dir(path: str | Path) -> Optional[Path]:
+    """The local folder of a model or head: ``path`` itself, or for a Hugging Face hub id the
+    snapshot already in the local cache (never downloaded here); None where neither exists."""
+    if Path(path).is_dir():
+        return Path(path)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(path), local_files_only=True))
+    except Exception:  # not a hub id, or not in the cache
+        return None
+
+
 def _require(cond: bool, path: Path, msg: str) -> None:
     if not cond:
         raise CalibrationError(f"{path}: {msg}")

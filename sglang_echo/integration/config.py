@@ -337,13 +337,14 @@ def configured_drafter(environ: Optional[Mapping[str, str]] = None) -> str:
 def drafter_fingerprint(drafter: str, draft_path: Optional[str | Path] = None) -> Optional[str]:
     """What a calibration file records as the drafter's identity: the head directory's
     fingerprint for a trained drafter, the parameter set for the parameter-free n-gram one."""
-    from sglang_echo.core.calibration_file import fingerprint
+    from sglang_echo.core.calibration_file import fingerprint, local_dir
 
     if drafter == "ngram":
         from sglang_echo.drafters.ngram import NGramDrafter
 
         return "ngram:" + NGramDrafter().describe()
-    return fingerprint(draft_path) if draft_path and Path(draft_path).is_dir() else None
+    local = local_dir(draft_path) if draft_path else None
+    return fingerprint(local) if local else None
 
 
 def load_calibration_for(cfg: EchoConfig, *, model_path: Optional[str] = None, draft_path: Optional[str] = None):
@@ -354,7 +355,7 @@ def load_calibration_for(cfg: EchoConfig, *, model_path: Optional[str] = None, d
     Raises :class:`~sglang_echo.core.calibration_file.CalibrationError` for a missing, malformed
     or mismatched file.
     """
-    from sglang_echo.core.calibration_file import fingerprint, load_calibration
+    from sglang_echo.core.calibration_file import CalibrationError, fingerprint, load_calibration, local_dir
     from sglang_echo.core.gating import GatingConfig
 
     if cfg.calibration is None:
@@ -362,7 +363,13 @@ def load_calibration_for(cfg: EchoConfig, *, model_path: Optional[str] = None, d
             d = GatingConfig.default()
             log.warning("ECHO: no calibration file (SGLANG_ECHO_CALIBRATION), gating with %s: %s", d.source, d.describe())
         return None
-    model_fp = fingerprint(model_path) if model_path and Path(model_path).is_dir() else None
+    for what, path in (("model", model_path), ("draft head", None if cfg.drafter == Drafter.NGRAM else draft_path)):
+        if path and local_dir(path) is None:
+            raise CalibrationError(
+                f"{cfg.calibration}: cannot check it against the {what} {path!r}, which is neither a local folder "
+                f"nor in the Hugging Face cache: download it first (huggingface-cli download {path}) or pass a "
+                "local path")
+    model_fp = fingerprint(local_dir(model_path)) if model_path else None
     calib = load_calibration(cfg.calibration, model_fingerprint=model_fp, drafter_kind=cfg.drafter,
                              drafter_fingerprint=drafter_fingerprint(cfg.drafter, draft_path))
     log.warning("ECHO: calibration %s: sweet spots %s, thresholds %s", cfg.calibration, list(calib.sweet_spots),

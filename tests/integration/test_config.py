@@ -96,6 +96,31 @@ def test_malformed_and_mismatched_calibration(tmp_path: Path):
                              model_path=str(model))
 
 
+def test_calibration_against_a_model_that_is_not_local(tmp_path: Path, monkeypatch):
+    """A hub id is checked against its cached snapshot, and refused where none is cached (it
+    used to skip the fingerprint check)."""
+    from sglang_echo.core.calibration_file import CalibrationError, fingerprint
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # read at each call
+    calib = write_calibration(tmp_path / "c.json", model_fp="sha256:other", drafter_fp=None)
+    cfg = load_config(environ={"SGLANG_ECHO_CALIBRATION": str(calib)})
+    with pytest.raises(CalibrationError, match="'acme/not-downloaded', which is neither a local folder nor in the "
+                                               "Hugging Face cache: download it first"):
+        load_calibration_for(cfg, model_path="acme/not-downloaded")
+    # The same id, cached: checked against the snapshot's fingerprint.
+    snap = tmp_path / "hub" / "models--acme--cached" / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text('{"a": 2}')
+    (tmp_path / "hub" / "models--acme--cached" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--cached" / "refs" / "main").write_text("0" * 40)
+    with pytest.raises(CalibrationError, match="made for a different model"):
+        load_calibration_for(cfg, model_path="acme/cached")
+    ok = write_calibration(tmp_path / "ok.json", model_fp=fingerprint(snap), drafter_fp=None)
+    assert load_calibration_for(load_config(environ={"SGLANG_ECHO_CALIBRATION": str(ok)}), model_path="acme/cached")
+
+
 def write_calibration(path: Path, *, model_fp, drafter_fp, thresholds=(0.05, 0.02), kind="eagle3") -> Path:
     """A minimal valid calibration file (also used by the server tests)."""
     rows = [
