@@ -1,12 +1,14 @@
-"""Install / remove the one-line `.pth` that makes `sgl_kernel` importable on the CPU engine.
+"""Install / remove the one-line `.pth` that makes `sgl_kernel` importable without sglang-kernel.
 
 Usage:  python -m sglang_echo.platform.install [--uninstall]
 
 Why a .pth: scheduler/detokenizer subprocesses are started with multiprocessing "spawn"; the
 child imports sglang modules that do `from sgl_kernel import ..._cpu` while unpickling its
 target, before sglang's `load_plugins()` runs in that process. A .pth line is the standard
-Python hook that runs at every interpreter start, before any of that. The line only imports
-our (dependency-free) finder when SGLANG_USE_CPU_ENGINE=1, so other processes pay nothing.
+Python hook that runs at every interpreter start, before any of that. The line imports our
+finder (stdlib imports only; about 2 ms) and appends it to `sys.meta_path`; the finder
+decides nothing until `sgl_kernel` itself is imported (kernel_finder.platform_mode: CPU engine,
+CUDA without sglang-kernel, or nothing). If sglang_echo is gone, the line does nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 PTH_NAME = "sglang_echo_platform.pth"
 PTH_LINE = (
-    "import os; os.environ.get('SGLANG_USE_CPU_ENGINE') == '1' and "
+    "import importlib.util; importlib.util.find_spec('sglang_echo') and "
     "__import__('sglang_echo.platform.kernel_finder', fromlist=['install']).install()\n"
 )
 

@@ -1,7 +1,12 @@
 """General sglang plugin (entry point group `sglang.srt.plugins`, name `echo_cpu`).
 
 sglang calls `load_plugins()` early in every process it starts (launch_server main before
-argument resolution, scheduler, detokenizer, DP controller). On a CPU-engine process this:
+argument resolution, scheduler, detokenizer, DP controller). It logs
+`kernel_finder.platform_mode()`. In CUDA mode (a CUDA device, no sglang-kernel, CPU engine not
+selected) it installs the finder and registers `cuda.hooks` (environment defaults, the dual-GEMM
+/ BF16-GEMM fallbacks, top-k/top-p renorm for sampled verify). Elsewhere without
+`SGLANG_USE_CPU_ENGINE=1` (a real sglang-kernel on a GPU, or no device) it does nothing. On a
+CPU-engine process it:
 1. installs the `sgl_kernel` shim finder (idempotent; the .pth already did it at startup),
 2. registers the `echo_torch` attention backend in sglang's backend registry and CLI choices,
 3. teaches sglang's EAGLE `DraftBackendFactory` to build `echo_torch` draft backends (its
@@ -15,7 +20,6 @@ argument resolution, scheduler, detokenizer, DP controller). On a CPU-engine pro
    (`step_times`), for servers with and without speculation alike;
 7. forks sglang's scheduler and detokenizer instead of spawning them (`fork_children`: no
    CUDA context to protect, and a server starts in two thirds of the time).
-On any other process (GPU servers) it does nothing.
 """
 
 from __future__ import annotations
@@ -106,8 +110,20 @@ def _bind_verify_sampling_ops() -> None:
 
 
 def register() -> None:
-    if not kernel_finder.cpu_engine_selected():
-        return
+    decision = kernel_finder.platform_mode()
+    if kernel_finder.cpu_engine_selected():  # with a real sgl_kernel too (the finder then provides none)
+        _register_cpu()
+    elif decision.mode is kernel_finder.ShimMode.CUDA:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        from sglang_echo.platform.cuda import hooks as cuda_hooks
+
+        kernel_finder.install()
+        cuda_hooks.register(HookRegistry, HookType.AROUND)
+    logger.info("sglang_echo platform: %s mode (%s)", decision.mode.value, decision.reason)
+
+
+def _register_cpu() -> None:
     kernel_finder.install()
 
     from sglang.srt.arg_groups.choices import (

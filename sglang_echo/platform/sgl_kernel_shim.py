@@ -30,3 +30,4 @@ from sglang_echo.platform.ops import (  # noqa: F401
 # Lets `sgl_kernel.speculative` resolve as a submodule through the finder.
 __path__: list[str] = []
 __version__ = "0.0.0+sglang_echo.cpu"
+__sglang_echo_shim__ = "cpu"

@@ -1,8 +1,8 @@
 """Build the sglang server command line + environment for one configuration.
 
 Pure data in, data out (no processes, no torch import unless asked whether CUDA exists; the
-environment is read only for the malloc settings an operator may override), so the launcher,
-the test fixtures and the benchmarks all produce identical servers.
+environment is read only for the malloc settings and the CUDA platform's defaults an operator may
+override), so the launcher, the test fixtures and the benchmarks all produce identical servers.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ CPU_SPEC_MAX_RUNNING_REQUESTS = 256
 # (benchmarks/results/cpu-malloc/).
 # A value already in the environment wins; SGLANG_ECHO_MALLOC_TUNING=0 keeps glibc's defaults.
 CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+# On a CUDA host without sglang-kernel (sglang_echo.platform's CUDA mode) sglang's default attention
+# and sampling backends need FlashInfer or sglang-kernel's FA3; its Triton attention and the torch
+# sampler need neither. Passed before the arguments after `--`, so those still win.
+CUDA_PLATFORM_ARGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch")
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,10 @@ class ServerOptions:
     log_level: str = "info"
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
+    # -- targets without real weights (echo-bench serve on GPUs; `model_load_args`) -----------
+    load_format: str | None = None  # sglang's --load-format, e.g. "dummy" (random weights)
+    skip_tokenizer_init: bool = False  # prompts arrive as input_ids; outputs come back as ids only
+    attention_backend: str | None = None  # overrides the platform's choice (CPU: echo_torch)
 
     @property
     def base_url(self) -> str:
@@ -101,6 +109,13 @@ def cuda_available() -> bool:
 def resolve_device(device: str | None) -> str:
     """The device asked for, else cuda where it is available, else cpu."""
     return device or ("cuda" if cuda_available() else "cpu")
+
+
+def sgl_kernel_installed() -> bool:
+    """True where a real sglang-kernel is importable (then the platform provides no `sgl_kernel`)."""
+    from sglang_echo.platform.kernel_finder import real_sgl_kernel_origin
+
+    return real_sgl_kernel_origin() is not None
 
 
 def cpu_has_bf16_gemm() -> bool:
@@ -237,6 +252,18 @@ def cpu_kv_pool_tokens(opts: ServerOptions, max_running: int | None) -> int:
     return CPU_MAX_TOTAL_TOKENS + (max_running or 0) * draft_slots_per_request(opts)
 
 
+def model_load_args(opts: ServerOptions) -> list[str]:
+    """``--load-format``, ``--skip-tokenizer-init`` and ``--attention-backend`` where set. They go
+    after the platform's own flags (sglang's parser keeps the last value, so an explicit attention
+    backend wins over the platform's) and before the arguments passed through after ``--``."""
+    argv = ["--load-format", opts.load_format] if opts.load_format else []
+    if opts.skip_tokenizer_init:
+        argv.append("--skip-tokenizer-init")
+    if opts.attention_backend:
+        argv += ["--attention-backend", opts.attention_backend]
+    return argv
+
+
 def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCommand:
     device = resolve_device(opts.device)
     argv = [
@@ -272,8 +299,14 @@ def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCo
             # block in zmq poll instead (wakes immediately on a request).
             "--sleep-on-idle",
         ]
-    elif opts.max_total_tokens:
-        argv += ["--max-total-tokens", str(opts.max_total_tokens)]
+    else:
+        if not sgl_kernel_installed():  # the platform's CUDA mode; its env defaults, for the record
+            from sglang_echo.platform.cuda.env import env_defaults
+
+            env.update(env_defaults(os.environ))
+            argv += CUDA_PLATFORM_ARGS
+        if opts.max_total_tokens:
+            argv += ["--max-total-tokens", str(opts.max_total_tokens)]
     if opts.dtype:
         argv += ["--dtype", opts.dtype]
     if opts.context_length:
@@ -283,6 +316,7 @@ def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCo
     if opts.enable_metrics:
         argv.append("--enable-metrics")
     argv += _spec_args(opts)
+    argv += model_load_args(opts)
     argv += list(opts.extra_args)
     env.update(dict(opts.extra_env))
     return LaunchCommand(argv, env, device)

@@ -1,4 +1,5 @@
-"""The sgl_kernel shim must appear only on the CPU engine and never shadow a real sgl_kernel."""
+"""The CPU sgl_kernel shim appears only on the CPU engine and never shadows a real sgl_kernel (CUDA
+mode, which also answers without the CPU engine where a GPU is visible: test_cuda_mode.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sglang_echo.platform import kernel_finder
 from sglang_echo.platform.kernel_finder import SglKernelShimFinder
 
 PROBE = (
@@ -15,7 +17,8 @@ PROBE = (
 
 
 def _probe(env_cpu: bool, extra_path: Path | None = None) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "SGLANG_USE_CPU_ENGINE": "1" if env_cpu else "0"}
+    # No GPU visible: on a GPU host CUDA mode would provide its own shim (test_cuda_mode.py).
+    env = {"PATH": "/usr/bin:/bin", "SGLANG_USE_CPU_ENGINE": "1" if env_cpu else "0", "CUDA_VISIBLE_DEVICES": ""}
     if extra_path is not None:
         env["PYTHONPATH"] = str(extra_path)
     return subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env)
@@ -23,10 +26,14 @@ def _probe(env_cpu: bool, extra_path: Path | None = None) -> subprocess.Complete
 
 def test_finder_answers_only_for_cpu_engine(monkeypatch) -> None:
     f = SglKernelShimFinder()
+    monkeypatch.setattr(kernel_finder, "cuda_device_present", lambda: False)
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "0")
     assert f.find_spec("sgl_kernel") is None
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
-    assert f.find_spec("sgl_kernel") is not None
+    spec = f.find_spec("sgl_kernel")
+    assert spec is not None and spec.loader._target == "sglang_echo.platform.sgl_kernel_shim"
+    assert f.find_spec("sgl_kernel.speculative") is not None
+    assert f.find_spec("sgl_kernel.utils") is None  # a CUDA-mode submodule
     assert f.find_spec("numpy") is None
 
 
