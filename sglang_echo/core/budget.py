@@ -1,72 +1,57 @@
 """Each step's verification cap from costs measured while serving (ECHO Eq. 2-3, online).
 
 Eq. 2 models verification as flat up to ``K_max``, "the computing limit of the hardware", and
-linear beyond it, and ECHO spends that fixed ``K_max`` every step. Where verification is
-compute-bound from the first token (a CPU, or a small GPU under a large model) no fixed cap
-works at every load: the one that pays at batch 1 makes batch 32 slower than plain decoding
-(``benchmarks/results/serve-smollm2-drafters``). :class:`CostModelBudget` picks each step's cap
-``K_step <= K_max`` so as to maximise the step's expected tokens per second::
+linear beyond it, and ECHO spends that ``K_max`` every step. Where verification is compute-bound
+from the first token (a CPU, or a small GPU under a large model) no fixed cap suits every load:
+the one that pays at batch 1 makes batch 32 slower than plain decoding. :class:`CostModelBudget`
+picks each step's cap ``K_step <= K_max(B)`` to maximise the step's expected tokens per second::
 
     D* = argmax_D  B (1 + G(s)) / (T_verify(n(B (1 + s))) + F(s) t_draft(B) + t_rest(B)),  s = S(D)
-    K_step = min(K_max, B (1 + D*)), then raised (D* >= 1 only) while the verify pass grows by
+    K_step = min(K_max(B), B (1 + D*)), then raised (D* >= 1 only) while the verify pass grows by
              at most 2% of the step: tokens below Eq. 2's knee cost (almost) nothing
 
-``D`` is the number of tokens per request the cap allows (``K_step = B (1 + D)``, Eq. 4's cap),
-and the policy (Algorithm 1) spends them however its gates say; so what a cap buys is measured
-on the steps the policy actually ran, not derived from a uniform tree:
+``D`` is the number of tokens per request the cap allows (``K_step = B (1 + D)``, Eq. 4's cap);
+the policy (Algorithm 1) spends them as its gates say, so what a cap buys is measured on the
+steps the policy actually ran, never derived from a uniform tree:
 
 * ``S(D)``: tokens per request the policy drafted when the cap allowed ``D`` (``<= D``: the gates
-  leave the rest unspent; flat outside the measured allowances). Without it a cap of ``D = 4``
-  was credited with ``G(4) = 1.23``, measured at batch 1, while at batch 8 the gates spent 2.7
-  per request, which bought about 0.5;
-* ``G(s)``: accepted drafts per request when ``s`` tokens per request were drafted
-  (``(sum K_i - B) / B``). An earlier version multiplied per-depth acceptance rates taken from
-  the trees that reached each depth, i.e. the ones the gates had let through, and applied them
-  to every request, which credits the whole batch with the confident requests' acceptance;
+  leave the rest unspent; flat outside the measured allowances);
+* ``G(s)``: accepted drafts per request when ``s`` tokens per request were drafted, over the whole
+  batch (``(sum K_i - B) / B``), not over the requests the gates let through;
 * ``F(s)``: draft forwards per step at that ``s`` (the gates send confident requests deeper
   than ``s``);
 * ``T_verify(n)``: the verify pass against ``n``, the tokens the target computes (the sum of
   K_i with ragged verify, B x W padded);
 * ``t_draft(B)``: seconds per draft forward (or lookup round, with its control);
-* ``t_rest(B)``: the rest of the step (draft extend, bookkeeping); it is the same for every D.
+* ``t_rest(B)``: the rest of the step (draft extend, bookkeeping), the same for every D.
 
 Each is a measured curve (:class:`CostCurve`: exponentially weighted means per half-octave of
-its size, so Eq. 2's flat-then-linear shape is kept), so the model follows the load and the
-workload. Between 0 (nothing drafted, nothing gained) and the first measured size, ``G`` and
-``F`` are interpolated linearly, which under-credits small ``s`` (acceptance falls with
-depth); past the last measured size nothing more is credited. ``D* = 0`` is plain
-decoding: ECHO's loop drafts nothing.
+its size, which keeps Eq. 2's flat-then-linear shape), so the model follows the load and the
+workload. Between 0 (nothing drafted, nothing gained) and the first measured size ``G`` and
+``F`` are interpolated linearly, which under-credits small ``s`` (acceptance falls with depth);
+past the last measured size nothing more is credited. ``D* = 0`` is plain decoding.
 
-A batch of ``K_max`` requests or more has no room to draft: its steps are plain. A step only
-measures the side of the decision it took, so both sides are probed at the current load. Until
-``warmup`` speculative steps have been seen, and every ``explore_every`` steps served at a load
-(batch-size half-octave) after, a step whose batch leaves room for a draft per request
-(``2B <= K_max``) gets the full ``K_max``, so ``G``, ``F`` and ``t_draft`` keep being measured
-while the model says not to speculate. Just under 64 requests a ``K_max = 64`` exploration
-could draft a few tokens only, yet took 0.8-1.1 s against 0.57 s for a plain step of 64, much
-of it the lazy extend's catch-up (``benchmarks/results/serve-smollm2-high-concurrency/
-c64-c128-decisions``). Such a step is the dearest there is (at batch 8 on the CPU about three
-plain steps), so while explorations keep confirming plain decoding at a load its interval
-doubles, up to ``explore_backoff`` times ``explore_every``; a verdict for drafting there brings
-it back to ``explore_every``. Each load keeps its own schedule: with one for all, a batch
-shrinking through the half-octaves as its requests finished restarted it at every one. While
-the model says to speculate, every ``plain_every``-th step is plain decoding, so
-``T_verify(B)`` and ``t_rest(B)`` are measured where the alternative would run. Without it a
-batch of 8 that never decoded plainly priced a plain step from one slow 8-token verify of a
-batch of 2, and drafted at 0.74x of plain decoding (``benchmarks/results/serve-smollm2-plain-probe``).
+Measuring both sides. A batch with no room to draft (``B >= K_max(B)``) is plain. A step only
+measures the side it took, so both are probed at the current load:
 
-The model predicts; :class:`RealisedRates` checks. Those plain probes and the drafting steps
-around them (warm-up and explorations included) are an A/B test of the model's choice at the
-current load: the tokens each step committed per request, against its time in units of the
-predicted plain step at its size, per batch-size bucket. Where drafting has
-measurably committed fewer than plain decoding, the step is plain, and the probe runs the other way
-(every ``plain_every``-th step drafts as the model says) so the verdict can change. Where it has
-committed more, the step drafts even if the model says not to, at ``K_max`` if the model sees no
-gain at all (as the explorations did): at batch 1 the model, its gains measured on steps whose trees
-the gates kept short, priced drafting just below plain decoding, while ``K_max`` steps served 1.16x.
-A model fitted across loads and workloads can be wrong in ways no single curve shows (at batch 8 it
-kept drafting at 0.65x of plain decoding, ``benchmarks/results/serve-smollm2-spend``); the measured
-rates cannot, up to noise.
+* until ``warmup`` speculative steps have been seen, and every ``explore_every`` steps served at
+  a load (batch-size half-octave) after, a step whose batch leaves room for a draft per request
+  (``2B <= K_max(B)``) gets the full ``K_max(B)``, so ``G``, ``F`` and ``t_draft`` keep being
+  measured while the model says not to speculate. Such a step is the dearest there is, so while
+  explorations keep confirming plain decoding at a load its interval doubles, up to
+  ``explore_backoff`` times ``explore_every``; a verdict for drafting there resets it. Each load
+  keeps its own schedule, so a batch shrinking through the half-octaves does not restart it;
+* while the model says to speculate, every ``plain_every``-th step is plain, so ``T_verify(B)``
+  and ``t_rest(B)`` are measured where the alternative would run.
+
+The model predicts; :class:`RealisedRates` checks. The plain probes and the drafting steps
+around them are an A/B test of the model's choice at the current load: the tokens each step
+committed per request, against its time in units of the predicted plain step at its size, per
+batch-size bucket. Where drafting has measurably committed fewer than plain decoding, steps are
+plain (and every ``plain_every``-th drafts, so the verdict can change); where it has committed
+more, steps draft even if the model says not to, at ``K_max(B)`` if the model sees no gain at
+all. A model fitted across loads and workloads can be wrong in ways no single curve shows; the
+served rates cannot, up to noise.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Eagerly, an ECHO step's control plane (Eq. 6-7 gates, Alg. 1's grants, top-k, the pool appends,
 packing) is about 660 small tensor ops. On an H100 each is a kernel launch, so the step costs 8-13
-ms whatever the batch (``benchmarks/results/gpu-h100/README.md``): launch-bound.
+ms whatever the batch: launch-bound.
 :class:`GraphedTreeBuilder` captures it once per batch size and then replays it::
 
     builder = GraphedTreeBuilder(policy, drafter, batch_size=B, width=W, device="cuda")
@@ -30,7 +30,7 @@ Graphs remove the launches but not the kernels: each of the ~660 ops still runs 
 kernel of a few microseconds. ``compile="inductor"`` first fuses every stage with
 ``torch.compile`` (one full graph per stage, no breaks), which merges the elementwise ops but not
 the sorts, gathers and scatters. On an H200 an ECHO step took 8-17 ms eagerly, 2.0-3.1 ms as
-graphs and 1.4-1.5 ms as fused graphs (``benchmarks/results/gpu-h200/``); compiling took 49-84 s,
+graphs and 1.4-1.5 ms as fused graphs; compiling took 49-84 s,
 once per builder. ECHO and its ablations also have hand-fused stages: with
 ``control_kernel="triton"`` each depth is one Triton program (:mod:`sglang_echo.kernels.control`),
 captured like any other stage and compiled in seconds; ``pad`` and ``finish`` take the fused

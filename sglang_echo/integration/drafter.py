@@ -1,6 +1,6 @@
 """The core's drafter protocol (``propose(frontier, k) -> Candidates``) on EAGLE-3's draft model.
 
-Interleaved drafting (memo 7.4 phase 2): the policy chooses, depth by depth, which candidates
+Interleaved drafting: the policy chooses, depth by depth, which candidates
 the draft model expands next; this drafter runs one EAGLE draft-decode forward per depth over
 the chosen frontier and returns each frontier node's top-``k`` children.
 

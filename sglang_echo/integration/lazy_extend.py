@@ -5,7 +5,7 @@ After every verify, ``EAGLEWorkerV2`` runs the draft extend: the draft layer ove
 gives the top-k children of the next root (``spec_info.topk_p`` / ``topk_index``). A plain
 step (every ``K_i = 1``: ``budget: cost`` chose plain decoding, or the gates cut every tree)
 has no use for those children unless the next step drafts, yet the extend cost about 6% of
-such a step on the CPU (``benchmarks/results/serve-smollm2-lazy-extend``).
+such a step on the CPU.
 
 So on a plain step the worker only records each request's pair here (:func:`defer_extend`),
 and :func:`catch_up` runs one draft extend over every pending pair of the requests

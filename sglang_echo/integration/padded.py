@@ -2,7 +2,7 @@
 
 Every request gets exactly ``W`` slots (``W = --speculative-num-draft-tokens``); request ``b``
 uses slots ``[0, K_b)`` for its real tree (root first, topologically ordered) and the rest are
-*padding nodes* (memo section 7.2):
+*padding nodes*:
 
 * token = the root token (in-vocab), position = ``seq_len_b`` (depth 0);
 * mask row = the diagonal only (never an all-false row), and no real node sees the padding;

@@ -1,4 +1,4 @@
-"""``EchoSpecAlgo``: ECHO's duck-typed algorithm object, and its server-arg hooks (memo 1.2-1.5).
+"""``EchoSpecAlgo``: ECHO's duck-typed algorithm object, and its server-arg hooks.
 
 Both hooks run inside sglang's ``record_foreign_defaults``: reads see the resolved arguments,
 writes to real ``ServerArgs`` fields are recorded as declared resolutions. ``validate_server_args``

@@ -1,4 +1,4 @@
-"""ECHO's speculative worker for sglang 0.5.23 (memo 7.1-7.3).
+"""ECHO's speculative worker for sglang 0.5.23.
 
 * :class:`EchoWorker` is ``EAGLEWorkerV2`` (same prefill, draft extend, verify, overlap and
   idle handling), with the draft worker class-swapped to :class:`EchoDraftWorker` and

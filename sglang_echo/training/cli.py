@@ -100,8 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--ttt-steps", type=int, default=5)
     ap.add_argument("--eagle3-teacher", choices=("target", "labels"), default="labels",
-                    help="EAGLE-3: CE on the greedy labels, or KL to the target's distribution as SpecForge trains "
-                         "(behind on every step in benchmarks/results/train-eagle3-objective)")
+                    help="EAGLE-3: CE on the greedy labels, or KL to the target's distribution as SpecForge trains")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="go on training this head of --kind (same target, geometry and draft vocabulary) instead of a fresh one")
     ap.add_argument("--dart-depth", type=int, default=8, help="DART: shifted logits per forward (d; d-1 mask positions)")
