@@ -27,6 +27,8 @@ from sglang_echo.core.tree import DraftTrees
 from sglang_echo.integration.padded import DenseVerifyTensors, dense_from_padded, to_sglang_dense
 from sglang_echo.kernels.control import layout
 
+from .control_cases import poison_, poisoned_empty, same
+
 VOCAB = 3000
 # Compiled Triton needs CUDA tensors; the interpreter (conftest, no CUDA) runs on CPU tensors.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -72,7 +74,7 @@ def assert_same_step(eager, fused):
     (t0, s0), (t1, s1) = eager, fused
     for f in fields(DraftTrees):
         a, b = getattr(t0, f.name), getattr(t1, f.name)
-        assert (a is None and b is None) or torch.equal(a, b), f.name
+        assert (a is None and b is None) or same(a, b), f.name
     assert torch.equal(s0.gate_evaluated, s1.gate_evaluated)
     assert torch.equal(s0.gate_passed, s1.gate_passed)
     assert int(s0.budget) == int(s1.budget)
@@ -80,7 +82,7 @@ def assert_same_step(eager, fused):
     assert len(s0.extra["frontiers"]) == len(s1.extra["frontiers"])
     for f0, f1 in zip(s0.extra["frontiers"], s1.extra["frontiers"]):
         for name in ("slots", "source", "tokens", "path_score", "active"):
-            assert torch.equal(getattr(f0, name), getattr(f1, name)), name
+            assert same(getattr(f0, name), getattr(f1, name)), name
 
 
 def roots_for(batch, seed, device=DEVICE):
@@ -104,6 +106,24 @@ def test_fused_policy_equals_eager(name, batch, k_per_request, w_def, w_max, dra
         roots = roots_for(batch, seed)
         eager = build(name, cfg, drafter(world), roots, "torch")
         assert_same_step(eager, build(name, cfg, drafter(world), roots, "triton"))
+
+
+# Batches around the grant sum's 32-row chunks and the kernels' warp counts (8 up to 256, then 16).
+POISON_BATCHES = (1, 31, 33, 65, 257) if DEVICE == "cuda" else (1, 33, 65)
+
+
+@pytest.mark.parametrize("name", ELASTIC_POLICIES)
+@pytest.mark.parametrize("batch", POISON_BATCHES)
+def test_fused_policy_writes_every_cell(name, batch, monkeypatch):
+    """Every ``torch.empty`` of the fused build poisoned (the preallocated pool's columns, the
+    kernels' frontiers, flags and budget): the trees and frontiers still equal the eager ones."""
+    cfg = PolicyConfig(k_max=3 * batch, max_depth=5, w_def=2, w_max=4)
+    world = SyntheticWorld(batch, vocab=VOCAB, seed=batch + 11, device=DEVICE)
+    roots = roots_for(batch, 1)
+    eager = build(name, cfg, Coarse(world), roots, "torch")
+    with poisoned_empty(monkeypatch):
+        fused = build(name, cfg, Coarse(world), roots, "triton")
+    assert_same_step(eager, fused)
 
 
 def test_drafter_ids_and_proposal_rows_reach_the_pool():
@@ -175,34 +195,45 @@ def test_unknown_kernel_is_refused():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ELASTIC_POLICIES)
-@pytest.mark.parametrize("batch", [8, 64, 256])
-def test_cuda_graphs_of_the_kernels_equal_eager(name, batch):
-    cfg = PolicyConfig(k_max=4 * batch, max_depth=8, w_def=1, w_max=4)
+@pytest.mark.parametrize("batch, w_def, w_max", [(8, 1, 4), (64, 1, 4), (256, 1, 4), (8, 2, 8), (64, 2, 8)])
+def test_cuda_graphs_of_the_kernels_equal_eager(name, batch, w_def, w_max, monkeypatch):
+    """ECHO's widths W = 13 (one warp, a 33-slot pool) and 27 (two warps, 129 slots), captured on
+    poisoned buffers: every replay writes every cell the eager layout has."""
+    cfg = PolicyConfig(k_max=4 * batch, max_depth=8, w_def=w_def, w_max=w_max)
     world = SyntheticWorld(batch, vocab=VOCAB, seed=5, device="cuda")
     width = max_tree_size(name, cfg)
-    graphed = GraphedTreeBuilder(make_policy(name, replace(cfg, control_kernel="triton")), Coarse(world), batch,
-                                 width, "cuda", pad=layout.pad_pool, finish=layout.dense_from_padded)
-    for seed in range(5):  # the first call captures, the rest replay
-        roots = roots_for(batch, seed, "cuda")
-        prefix = torch.randint(1, 500, (batch,), device="cuda")
-        trees, _ = build(name, cfg, Coarse(world), roots, "torch")
-        out, ref = graphed(roots, prefix), to_sglang_dense(trees, prefix, width)
-        for f in ("draft_token", "positions", "custom_mask", "retrieve_index", "retrieve_next_token",
-                  "retrieve_next_sibling", "tree_mask", "valid", "sizes"):
-            assert torch.equal(getattr(out, f), getattr(ref, f)), f
+    with poisoned_empty(monkeypatch):
+        graphed = GraphedTreeBuilder(make_policy(name, replace(cfg, control_kernel="triton")), Coarse(world), batch,
+                                     width, "cuda", pad=layout.pad_pool, finish=layout.dense_from_padded)
+        for seed in range(5):  # the first call captures, the rest replay
+            roots = roots_for(batch, seed, "cuda")
+            prefix = torch.randint(1, 500, (batch,), device="cuda")
+            out = graphed(roots, prefix)
+            for f in fields(DenseVerifyTensors):  # what a replay leaves unwritten is poison again
+                if f.name != "custom_mask":  # a view of tree_mask
+                    poison_(getattr(out, f.name))
+            out = graphed(roots, prefix)
+            trees, _ = build(name, cfg, Coarse(world), roots, "torch")
+            ref = to_sglang_dense(trees, prefix, width)
+            for f in fields(DenseVerifyTensors):
+                assert same(getattr(out, f.name), getattr(ref, f.name)), f.name
 
 
 def test_kernels_compile_for_hopper_without_spills():
-    """Triton's GPU compiler, not the interpreter: both kernels build for sm_90 (no GPU needed)
-    and keep everything in registers up to batch 256."""
+    """Triton's GPU compiler, not the interpreter: every kernel builds for sm_90 (no GPU needed)
+    and keeps everything in registers up to batch 256; the layout kernels, at every tile size,
+    never convert the register layout of a bool or byte tensor (the conversion Triton 3.6
+    miscompiles)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).with_name("compile_control.py")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    usage = json.loads(done.stdout)
-    assert len(usage) == 9
-    for kernel, line in usage.items():
+    report = json.loads(done.stdout)
+    assert len(report["usage"]) == 9
+    for kernel, line in report["usage"].items():
         assert "STACK:0 " in line and "LOCAL:0 " in line, (kernel, line)
+    assert len(report["narrow"]) == 35
+    assert not {k: n for k, n in report["narrow"].items() if n}, (report["triton"], report["narrow"])
 
 
 def test_real_model_with_the_kernels_is_lossless_and_drafts_the_same(smollm2_dir):
