@@ -1,6 +1,6 @@
 """`echo-bench figures`: the plots of an `echo-bench serve` run, from its ``serve.json``.
 
-* ``throughput.png``: tokens/s against concurrency, one line per configuration, log2 x axis
+* ``throughput.png``: tokens/s against concurrency (or request rate), one line per configuration, log2 x axis
   (ECHO Fig. 5's shape), and next to it the speedup over ``none`` at each level; configurations
   other than ``none``/``eagle3`` are labelled with their largest gain over ``eagle3`` (as Fig. 5
   prints under each column). With several passes (``--repeats``) each speedup is the geometric
@@ -40,22 +40,31 @@ def load(path: str | Path) -> tuple[dict, Path]:
 
 
 def _runs(data: dict) -> list[dict]:
-    """Each run with ``tokens_per_s`` (old files: computed from tokens and seconds)."""
+    """Each run with ``tokens_per_s`` (old files: computed from tokens and seconds) and ``level``: its
+    request rate (open loops; ``"inf"`` in JSON) or its concurrency."""
     out = []
     for r in data.get("runs", []):
         r = dict(r)
         if "tokens_per_s" not in r:
             r["tokens_per_s"] = r["completion_tokens"] / r["seconds"] if r.get("seconds") else float("nan")
+        rate = r.get("request_rate")
+        r["level"] = r["concurrency"] if rate is None else float(rate)
         out.append(r)
     return out
 
 
+def _x(level: float, levels: list[float]) -> float:
+    """Where a level sits on the log2 axis: itself, or for an infinite rate twice the largest other."""
+    finite = [v for v in levels if math.isfinite(v)]
+    return level if math.isfinite(level) else 2.0 * max(finite, default=1.0)
+
+
 def _pooled_rates(runs: list[dict]) -> dict[tuple[str, int], float]:
-    """Tokens/s per (config, concurrency), pooled over passes (``--repeats``): all tokens / all seconds."""
+    """Tokens/s per (config, level), pooled over passes (``--repeats``): all tokens / all seconds."""
     tokens: dict[tuple[str, int], float] = {}
     seconds: dict[tuple[str, int], float] = {}
     for r in runs:
-        key = (r["config"], r["concurrency"])
+        key = (r["config"], r["level"])
         tokens[key] = tokens.get(key, 0.0) + r["completion_tokens"]
         seconds[key] = seconds.get(key, 0.0) + r["seconds"]
     return {k: tokens[k] / seconds[k] if seconds[k] else float("nan") for k in tokens}
@@ -109,19 +118,20 @@ def render(data: dict, out: str | Path) -> list[Path]:
     return written
 
 
-def _log2_axis(ax, levels: list[int]) -> None:
+def _log2_axis(ax, levels: list[float], runs: list[dict]) -> None:
     ax.set_xscale("log", base=2)
-    ax.set_xticks(levels)
-    ax.set_xticklabels([str(c) for c in levels])
+    ax.set_xticks([_x(c, levels) for c in levels])
+    ax.set_xticklabels([f"{c:g}" for c in levels])
     ax.minorticks_off()
-    ax.set_xlabel("concurrency (clients = max batch size)")
+    closed = all(r.get("request_rate") is None for r in runs)
+    ax.set_xlabel("concurrency (clients = max batch size)" if closed else "request rate (req/s, Poisson arrivals)")
     ax.grid(True, alpha=0.3)
 
 
 def throughput(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
     if not runs:
         return None
-    levels = sorted({r["concurrency"] for r in runs})
+    levels = sorted({r["level"] for r in runs})
     by = _pooled_rates(runs)
     configs = _configs(runs)
     color = _colors(plt, runs)
@@ -136,25 +146,25 @@ def throughput(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
         gains = [by[name, c] / by["eagle3", c] - 1 for c in cs if ("eagle3", c) in by and by["eagle3", c] > 0]
         if name not in ("none", "eagle3") and gains:
             label += f" (max {100 * max(gains):+.1f}% vs eagle3)"
-        ax.plot(cs, [by[name, c] for c in cs], marker="o", label=label, color=color[name])
+        ax.plot([_x(c, levels) for c in cs], [by[name, c] for c in cs], marker="o", label=label, color=color[name])
         passes = [(c, ratio_interval(per_pass[name, c])) for c in cs if len(per_pass.get((name, c), ())) > 1]
         base = [(c, by[name, c] / by["none", c]) for c in cs if ("none", c) in by and by["none", c] > 0]
         if passes:  # several passes: their geometric mean and its 95% interval
             mid, lo, hi = (np.array(v) for v in zip(*(iv for _, iv in passes)))
-            ax2.errorbar([c for c, _ in passes], mid, yerr=[mid - lo, hi - mid], marker="o", capsize=3,
+            ax2.errorbar([_x(c, levels) for c, _ in passes], mid, yerr=[mid - lo, hi - mid], marker="o", capsize=3,
                          label=name, color=color[name])
         elif base and name != "none":
-            ax2.plot([c for c, _ in base], [s for _, s in base], marker="o", label=name, color=color[name])
+            ax2.plot([_x(c, levels) for c, _ in base], [s for _, s in base], marker="o", label=name, color=color[name])
     ax.set_ylabel("throughput (output tokens/s)")
-    ax.set_title("Throughput vs concurrency")
-    _log2_axis(ax, levels)
+    ax.set_title("Throughput vs load")
+    _log2_axis(ax, levels, runs)
     ax.legend(fontsize=7)
     ax2.axhline(1.0, color="gray", ls="--", lw=1)
     ax2.set_ylabel("speedup vs none")
     several = any(len(v) > 1 for v in per_pass.values())
     ax2.set_title("Speedup over no speculation" + (" (passes: geo mean, 95% interval)" if several else ""),
                   fontsize=9 if several else None)
-    _log2_axis(ax2, levels)
+    _log2_axis(ax2, levels, runs)
     if ax2.lines[1:]:
         ax2.legend(fontsize=7)
     fig.suptitle(_title(data), fontsize=9)
@@ -170,9 +180,9 @@ def utilisation(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
     with_u = [r for r in runs if _u_values(r)]
     if not with_u:
         return None
-    levels = sorted({r["concurrency"] for r in with_u})
+    levels = sorted({r["level"] for r in with_u})
     configs = _configs(with_u)
-    by = {(r["config"], r["concurrency"]): _u_values(r) for r in with_u}
+    by = {(r["config"], r["level"]): _u_values(r) for r in with_u}
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(levels) * len(configs) + 1.5), 3.8))
     width = 0.8 / len(configs)
     colors = _colors(plt, runs)
@@ -191,7 +201,8 @@ def utilisation(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
                    meanprops={"marker": "^", "markerfacecolor": "white", "markeredgecolor": "black", "markersize": 4})
         ax.plot([], [], color=color, lw=6, alpha=0.45, label=name)
     ax.set_xticks(range(len(levels)))
-    ax.set_xticklabels([f"c={c}" for c in levels])
+    closed = all(r.get("request_rate") is None for r in with_u)
+    ax.set_xticklabels([f"c={c:g}" if closed else f"{c:g} req/s" for c in levels])
     ax.set_xlim(-0.5, len(levels) - 0.5)
     ax.set_ylabel("draft utilisation u = MAT / depth")
     ax.set_title("Per-request draft utilisation (box 25-75%, whiskers 5-95%, ^ mean)", fontsize=9)
@@ -206,17 +217,17 @@ def budget(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
     echo = [r for r in runs if r.get("echo")]
     if not echo:
         return None
-    levels = sorted({r["concurrency"] for r in echo})
+    levels = sorted({r["level"] for r in echo})
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     color = _colors(plt, runs)
     k_max = None
     for name in _configs(echo):
         rs = [r for r in echo if r["config"] == name]
-        pts = [(r["concurrency"], r["echo"].get("verified_per_step")) for r in rs]
+        pts = [(_x(r["level"], levels), r["echo"].get("verified_per_step")) for r in rs]
         pts = [(c, v) for c, v in pts if v is not None]
         if pts:
             ax.plot([c for c, _ in pts], [v for _, v in pts], marker="o", label=name, color=color[name])
-        shares = [(r["concurrency"], r["echo"].get("control_share")) for r in rs]
+        shares = [(_x(r["level"], levels), r["echo"].get("control_share")) for r in rs]
         shares = [(c, 100 * s) for c, s in shares if s is not None]
         if shares:
             ax2.plot([c for c, _ in shares], [s for _, s in shares], marker="o", label=name, color=color[name])
@@ -226,13 +237,13 @@ def budget(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
     ax.set_ylim(bottom=0)
     ax.set_ylabel("verified tokens per step (sum K_i)")
     ax.set_title("Verification budget use")
-    _log2_axis(ax, levels)
+    _log2_axis(ax, levels, echo)
     ax.legend(fontsize=7)
     ax2.axhline(100 * CONTROL_GOAL, color="tab:red", ls="--", lw=1, label=f"goal {100 * CONTROL_GOAL:.0f}%")
     ax2.set_ylabel("control plane, % of step time")
     ax2.set_title("Gating + scheduling + packing")
     ax2.set_ylim(bottom=0)
-    _log2_axis(ax2, levels)
+    _log2_axis(ax2, levels, echo)
     ax2.legend(fontsize=7)
     fig.suptitle(_title(data), fontsize=9)
     fig.tight_layout()

@@ -10,25 +10,24 @@ import statistics
 from typing import TYPE_CHECKING, Callable
 
 from .figures import CONTROL_GOAL  # issue 8: control overhead <= 3% of step time at every batch size
+from .latency import percentiles
 
 if TYPE_CHECKING:
-    from .serve import Report, Run
+    from .serve_run import Report, Run
 
 
 def quartiles(values: list[float]) -> dict | None:
     """n, mean, 5/25/50/75/95th percentiles (ECHO Fig. 4's box and whiskers); None if empty."""
-    v = sorted(float(x) for x in values)
-    if not v:
+    p = percentiles(values, (5, 25, 50, 75, 95))
+    if p is None:
         return None
+    return {"n": p["n"], "mean": p["mean"], "p5": p["p5"], "q1": p["p25"], "median": p["p50"], "q3": p["p75"],
+            "p95": p["p95"]}
 
-    def pct(p: float) -> float:  # linear interpolation between closest ranks
-        k = (len(v) - 1) * p
-        lo = int(k)
-        hi = min(lo + 1, len(v) - 1)
-        return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
-    return {"n": len(v), "mean": statistics.fmean(v), "p5": pct(0.05), "q1": pct(0.25), "median": pct(0.5),
-            "q3": pct(0.75), "p95": pct(0.95)}
+def level_name(runs: list[Run]) -> str:
+    """The level column's heading: concurrency (closed loops), or the request rate (open loops)."""
+    return "concurrency" if all(r.request_rate is None for r in runs) else "request rate (req/s)"
 
 
 def _label(r: Run) -> str:
@@ -40,8 +39,8 @@ def _f(x, fmt: str = ".2f", suffix: str = "") -> str:
 
 
 def _none_values(runs: list[Run], metric: Callable[[Run], float | None]) -> dict[tuple[int, int], float]:
-    """``none``'s ``metric`` per (pass, concurrency), where it has one: what ratios are taken against."""
-    return {(r.repeat, r.concurrency): v for r in runs if r.config == "none" and (v := metric(r)) is not None}
+    """``none``'s ``metric`` per (pass, level), where it has one: what ratios are taken against."""
+    return {(r.repeat, r.level): v for r in runs if r.config == "none" and (v := metric(r)) is not None}
 
 
 def _ratios_to_none(runs: list[Run], metric: Callable[[Run], float | None]) -> dict[tuple[str, int], list[float]]:
@@ -49,9 +48,9 @@ def _ratios_to_none(runs: list[Run], metric: Callable[[Run], float | None]) -> d
     base = _none_values(runs, metric)
     out: dict[tuple[str, int], list[float]] = {}
     for r in runs:
-        ref, v = base.get((r.repeat, r.concurrency)), metric(r)
+        ref, v = base.get((r.repeat, r.level)), metric(r)
         if r.config != "none" and ref and v is not None:
-            out.setdefault((r.config, r.concurrency), []).append(v / ref)
+            out.setdefault((r.config, r.level), []).append(v / ref)
     return out
 
 
@@ -61,7 +60,7 @@ def _tokens_per_cpu_s(r: Run) -> float | None:
 
 
 def none_rates(runs: list[Run]) -> dict[tuple[int, int], float]:
-    """``none``'s tokens/s per (pass, concurrency): what every speedup is taken against."""
+    """``none``'s tokens/s per (pass, level): what every speedup is taken against."""
     return _none_values(runs, lambda r: r.tokens_per_s)
 
 
@@ -103,12 +102,12 @@ def repeats_table(runs: list[Run]) -> list[str]:
         out += ([""] if out else []) + [
             f"{what} per pass (the order alternates between passes), their median, minimum and geometric mean "
             "with its 95% interval (Student's t on the log ratios):", "",
-            "| config | concurrency | per pass | median | min | geo mean | 95% interval |",
+            f"| config | {level_name(runs)} | per pass | median | min | geo mean | 95% interval |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
         for (name, c), rs in ratios.items():
             geo, lo, hi = ratio_interval(rs) if len(rs) > 1 else (rs[0], None, None)
             interval = f"{lo:.2f}-{hi:.2f}x" if lo is not None else "-"
-            out.append(f"| {name} | {c} | {' / '.join(f'{x:.2f}x' for x in rs)} | {statistics.median(rs):.2f}x | "
+            out.append(f"| {name} | {c:g} | {' / '.join(f'{x:.2f}x' for x in rs)} | {statistics.median(rs):.2f}x | "
                        f"{min(rs):.2f}x | {geo:.2f}x | {interval} |")
     return out
 
@@ -118,25 +117,52 @@ def markdown(report: Report) -> str:
     lines = [
         f"Machine: {report.machine['platform']}, {report.machine['cpus']} CPUs. "
         f"Settings: {json.dumps(report.settings)}",
+        *([f"Lossless check: {report.settings['lossless']}."] if report.settings.get("lossless") else []),
         "",
-        ("| config | concurrency | tokens/s | speedup vs none | MAT | lossless vs none | startup s | "
+        (f"| config | {level_name(report.runs)} | tokens/s | speedup vs none | MAT | lossless vs none | startup s | "
          "server CPU ms/token | CPU per token, none / config | yield |"),
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in report.runs:
-        ref, ref_cpu = base.get((r.repeat, r.concurrency)), base_cpu.get((r.repeat, r.concurrency))
+        ref, ref_cpu = base.get((r.repeat, r.level)), base_cpu.get((r.repeat, r.level))
         speed = f"{r.tokens_per_s / ref:.2f}x" if ref else "-"
         mat = f"{r.mat:.2f}" if r.mat else "-"
         startup = f"{r.startup_seconds:.0f}" if r.startup_seconds else "-"
         cpu = r.cpu_ms_per_token
         saving = f"{_tokens_per_cpu_s(r) / ref_cpu:.2f}x" if ref_cpu and cpu else "-"
-        lines.append(f"| {_label(r)} | {r.concurrency} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | "
+        lines.append(f"| {_label(r)} | {r.level:g} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | "
                      f"{startup} | {_f(cpu, '.1f')} | {saving} | {_f(r.draft_yield, '.3f')} |")
-    for section in (repeats_table(report.runs), utilisation_table(report.runs), budget_table(report.runs),
+    for section in (latency_table(report.runs), repeats_table(report.runs), utilisation_table(report.runs),
+                    budget_table(report.runs),
                     decisions_table(report.runs), step_table(report.runs), table1(report.runs)):
         if section:
             lines += ["", *section]
     return "\n".join(lines) + "\n"
+
+
+def _pcts(summary: dict | None, scale: float, fmt: str) -> str:
+    """``p50 / p90 / p99`` of a latency summary entry, times ``scale`` ("-" without one)."""
+    if not summary:
+        return "-"
+    return " / ".join(f"{scale * summary[p]:{fmt}}" for p in ("p50", "p90", "p99"))
+
+
+def latency_table(runs: list[Run]) -> list[str]:
+    """Request throughput and latency percentiles per level (:mod:`.latency`): end to end, and
+    TTFT and inter-token latency where the responses were streamed."""
+    rows = [r for r in runs if r.latency]
+    if not rows:
+        return []
+    out = ["Requests and latency per level (p50 / p90 / p99; TTFT and ITL need streamed responses; ITL spreads a "
+           "chunk's gap over the tokens it brings):", "",
+           f"| config | {level_name(rows)} | requests | req/s | tokens/s | e2e s | TTFT ms | ITL ms |",
+           "|" + " --- |" * 8]
+    for r in rows:
+        lat = r.latency
+        out.append(f"| {_label(r)} | {r.level:g} | {r.requests} | {r.requests_per_s:.2f} | {r.tokens_per_s:.2f} | "
+                   f"{_pcts(lat.get('e2e'), 1, '.2f')} | {_pcts(lat.get('ttft'), 1e3, '.0f')} | "
+                   f"{_pcts(lat.get('itl'), 1e3, '.1f')} |")
+    return out
 
 
 def utilisation_table(runs: list[Run]) -> list[str]:
@@ -147,12 +173,12 @@ def utilisation_table(runs: list[Run]) -> list[str]:
         return []
     out = [("Draft utilisation per request, u = MAT / depth over the steps that drafted (MAT includes the bonus "
             "token; depth: ECHO's mean tree depth per step, root-only steps included, EAGLE-3's num_steps):"), "",
-           "| config | concurrency | requests | depth (median) | u median | u q1-q3 | u p5-p95 | u mean |",
+           f"| config | {level_name(rows)} | requests | depth (median) | u median | u q1-q3 | u p5-p95 | u mean |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         u = r.utilisation
         depth = quartiles([x["depth"] for x in r.per_request if x.get("depth") is not None])
-        out.append(f"| {_label(r)} | {r.concurrency} | {u['n']} | {_f(depth and depth['median'])} | {u['median']:.2f} | "
+        out.append(f"| {_label(r)} | {r.level:g} | {u['n']} | {_f(depth and depth['median'])} | {u['median']:.2f} | "
                    f"{u['q1']:.2f}-{u['q3']:.2f} | {u['p5']:.2f}-{u['p95']:.2f} | {u['mean']:.2f} |")
     return out
 
@@ -164,14 +190,14 @@ def budget_table(runs: list[Run]) -> list[str]:
         return []
     out = [(f"ECHO per step (from the echo_* counters; control = gating + scheduling + packing, goal <= "
             f"{100 * CONTROL_GOAL:.0f}% of the step):"), "",
-           ("| config | concurrency | steps | verified tokens/step | max so far | K_max | mean cap | step ms | "
+           (f"| config | {level_name(rows)} | steps | verified tokens/step | max so far | K_max | mean cap | step ms | "
             "control ms | control share | <= 3% |"),
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         e = r.echo
         share = e.get("control_share")
         ok = "-" if share is None else ("yes" if share <= CONTROL_GOAL else "no")
-        out.append(f"| {_label(r)} | {r.concurrency} | {e['steps']:.0f} | {_f(e.get('verified_per_step'), '.1f')} | "
+        out.append(f"| {_label(r)} | {r.level:g} | {e['steps']:.0f} | {_f(e.get('verified_per_step'), '.1f')} | "
                    f"{_f(e.get('step_verified_max'), '.0f')} | {_f(e.get('k_max'), '.0f')} | "
                    f"{_f(e.get('cap_per_step'), '.1f')} | {_f(e.get('step_ms'))} | "
                    f"{_f(e.get('control_ms'), '.3f')} | {_f(share and 100 * share, '.2f', '%')} | {ok} |")
@@ -186,13 +212,13 @@ def decisions_table(runs: list[Run]) -> list[str]:
         return []
     out = ["Cost budget's decisions per level (`echo_budget_steps_total{arm,reason}`; ms/step is the whole "
            "step; share: of the level's ECHO step seconds):", "",
-           "| config | concurrency | decision | steps | seconds | ms/step | share |",
+           f"| config | {level_name(rows)} | decision | steps | seconds | ms/step | share |",
            "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         total = sum(d["seconds"] for d in r.echo["budget_decisions"].values())
         for name, d in r.echo["budget_decisions"].items():
             share = _f(total and 100 * d["seconds"] / total, ".1f", "%")
-            out.append(f"| {_label(r)} | {r.concurrency} | {name} | {d['steps']:.0f} | {d['seconds']:.2f} | "
+            out.append(f"| {_label(r)} | {r.level:g} | {name} | {d['steps']:.0f} | {d['seconds']:.2f} | "
                        f"{1e3 * d['seconds'] / d['steps']:.1f} | {share} |")
     return out
 
@@ -231,7 +257,8 @@ def step_table(runs: list[Run]) -> list[str]:
            "server is its whole draft-verify-extend step; its target forward is the target model's decode or "
            "verify forward in it, the rest of the step is everything else; a prefill's rest is what it "
            "spent beyond the target's forward):", "",
-           ("| config | concurrency | decode steps | decode s | mean decode batch | ms/step at batch = concurrency | "
+           (f"| config | {level_name(rows)} | decode steps | decode s | mean decode batch | "
+            "ms/step at batch = concurrency | "
             "vs none | target forward ms | vs none | rest ms | prefill forwards | prefill s | prefill rest s |"),
            "|" + " --- |" * 13]
     for r in rows:
@@ -240,9 +267,9 @@ def step_table(runs: list[Run]) -> list[str]:
         target_prefill = r.step_times.get("target_prefill")  # older logs: not timed
         prefill_rest = ps - _steps(target_prefill)[1] if target_prefill else None
         full, fwd = _full_batch_ms(r), _full_batch_forward_ms(r)
-        key = (r.repeat, r.concurrency)
+        key = (r.repeat, r.level)
         rest = full - fwd if full is not None and fwd is not None else None
-        out.append(f"| {_label(r)} | {r.concurrency} | {dn} | {ds:.1f} | {db:.1f} | {_f(full, '.1f')} | "
+        out.append(f"| {_label(r)} | {r.level:g} | {dn} | {ds:.1f} | {db:.1f} | {_f(full, '.1f')} | "
                    f"{vs_none(full, base.get(key), r)} | {_f(fwd, '.1f')} | {vs_none(fwd, base_fwd.get(key), r)} | "
                    f"{_f(rest, '.1f')} | {pn} | {ps:.1f} | {_f(prefill_rest, '.2f')} |")
     return out
@@ -256,8 +283,8 @@ def table1(runs: list[Run]) -> list[str]:
     """
     if not runs:
         return []
-    c = min(r.concurrency for r in runs)
-    level = [r for r in runs if r.concurrency == c and r.per_request and "dataset" in r.per_request[0]]
+    c = min(r.level for r in runs)
+    level = [r for r in runs if r.level == c and r.per_request and "dataset" in r.per_request[0]]
     if not level:
         return []
     sets = sorted({x["dataset"] for r in level for x in r.per_request})
@@ -268,7 +295,8 @@ def table1(runs: list[Run]) -> list[str]:
         return sum(x["tokens"] for x in xs) / sec if sec else None
 
     head = "| config | " + " | ".join(f"{s} MAT | {s} speedup" for s in sets) + " | avg speedup |"
-    out = [f"Per prompt set at concurrency {c} (ECHO Table 1's shape; speedup vs none from per-request latency):", "",
+    out = [f"Per prompt set at {level_name(level)} {c:g} (ECHO Table 1's shape; speedup vs none from per-request "
+           "latency):", "",
            head, "|" + " --- |" * (2 + 2 * len(sets))]
     for r in level:
         base = next((b for b in level if b.config == "none" and b.repeat == r.repeat), None)

@@ -60,3 +60,25 @@ def test_several_passes_draw_each_speedup_with_its_interval(tmp_path, monkeypatc
     written = figures.render(data, tmp_path)
     assert _is_png(tmp_path / "throughput.png") and tmp_path / "throughput.png" in written
     assert drawn == [2] * 12  # eagle3 and echo-cost at c = 1, 8, 32, 64, 128, 256
+
+
+def test_request_rate_runs_plot_against_the_rate_with_inf_last(tmp_path, monkeypatch):
+    """Open-loop levels (--request-rate): the x axis is the rate, ``inf`` (a string in serve.json)
+    drawn after the largest finite rate; speedups pair runs of the same rate."""
+    import math
+
+    from sglang_echo.bench.requests_log import json_ready
+    from sglang_echo.bench.serve import Report, Run, markdown, report_from_json
+
+    runs = [Run(name, 32, 16, 2.0, tokens, 0, None, request_rate=rate)
+            for rate in (1.0, 4.0, math.inf) for name, tokens in (("none", 100), ("echo", 120))]
+    report = Report({"platform": "t", "cpus": 2}, {}, runs)
+    data = json.loads(json.dumps(json_ready({"command": "x", **asdict(report)})))
+    ticks = []
+    real = figures._log2_axis
+    monkeypatch.setattr(figures, "_log2_axis", lambda ax, levels, rs: ticks.append(levels) or real(ax, levels, rs))
+    written = figures.render(data, tmp_path)
+    assert written == [tmp_path / "throughput.png"] and _is_png(written[0])
+    assert ticks[0] == [1.0, 4.0, math.inf] and figures._x(math.inf, ticks[0]) == 8.0
+    md = markdown(report_from_json(data))
+    assert "| config | request rate (req/s) | tokens/s |" in md and "| echo | inf | 60.00 | 1.20x |" in md

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -199,6 +200,7 @@ def test_interleave_runs_each_level_config_after_config(monkeypatch):
     from types import SimpleNamespace
 
     from sglang_echo.bench import serve
+    from sglang_echo.bench.load import Level
 
     log = []
 
@@ -208,18 +210,19 @@ def test_interleave_runs_each_level_config_after_config(monkeypatch):
             log.append(("start", name, port))
 
         def __enter__(self):
-            return self
+            return SimpleNamespace(name=self.name)
 
         def __exit__(self, *exc):
             log.append(("stop", self.name))
 
-        def measure(self, c, rep):
-            log.append((self.name, c, rep))
-            return Run(self.name, c, c, 1.0, c, 0, None, repeat=rep)
+    def measure(bench, ep, level, rep):
+        log.append((ep.name, level.concurrency, rep))
+        return Run(ep.name, level.concurrency, level.concurrency, 1.0, level.concurrency, 0, None, repeat=rep)
 
-    monkeypatch.setattr(serve, "_Server", FakeServer)
-    bench = SimpleNamespace(args=SimpleNamespace(port=30400, repeats=2), levels=[8, 32])
-    runs = serve._interleaved(bench, ["none", "echo"])
+    monkeypatch.setattr(serve, "StartedServer", FakeServer)
+    monkeypatch.setattr(serve, "measure", measure)
+    args = SimpleNamespace(port=30400, repeats=2, interleave=True, config_names=["none", "echo"])
+    runs = serve._started_runs(SimpleNamespace(args=args, levels=[Level(8), Level(32)]))
     assert log == [("start", "none", 30400), ("start", "echo", 30410),
                    ("none", 8, 0), ("echo", 8, 0), ("none", 32, 0), ("echo", 32, 0),
                    ("echo", 8, 1), ("none", 8, 1), ("echo", 32, 1), ("none", 32, 1),
@@ -238,26 +241,56 @@ def test_max_new_jitter_spreads_budgets_the_same_way_every_time():
     assert min(max_new_tokens(4, 10, 30)) >= 1
 
 
+def _server_args(**kw) -> SimpleNamespace:
+    """The options StartedServer reads, as echo-bench serve's defaults leave them."""
+    return SimpleNamespace(**{"dtype": "float32", "max_total_tokens": None, "echo_drafter": "eagle3",
+                              "calibration": None, "device": None, "load_format": None, "token_shape": None,
+                              "attention_backend": None, **kw})
+
+
 def test_max_total_tokens_reaches_every_server(monkeypatch):
     """--max-total-tokens sizes each config's KV pool; the default stays make serve's, for the
     speculative servers with their draft slots for the bench's 256 running requests on top."""
-    from types import SimpleNamespace
-
-    from sglang_echo.bench import serve
+    from sglang_echo.bench import serve_endpoint
+    from sglang_echo.bench.load import Level
     from sglang_echo.serve.flags import CPU_MAX_TOTAL_TOKENS, build_command, draft_slots_per_request
 
     monkeypatch.setattr("sglang_echo.serve.flags.resolve_device", lambda _d: "cpu")
     for pool in (65536, None):
-        args = SimpleNamespace(dtype="float32", max_total_tokens=pool, echo_drafter="eagle3", calibration=None)
-        bench = SimpleNamespace(args=args, heads={"eagle3": "/heads/eagle3"}, pick=None, levels=[8, 256],
-                                model="/models/target")
+        bench = SimpleNamespace(args=_server_args(max_total_tokens=pool), heads={"eagle3": "/heads/eagle3"},
+                                pick=None, levels=[Level(8), Level(256)], model="/models/target")
         for name in ("none", "eagle3", "echo-cost"):
-            opts = serve._Server(bench, name, 30400).opts
+            opts = serve_endpoint.StartedServer(bench, name, 30400).opts
             argv = build_command(opts).argv
             want = pool or CPU_MAX_TOTAL_TOKENS + 256 * draft_slots_per_request(opts)
             assert argv[argv.index("--max-total-tokens") + 1] == str(want)
             assert argv[argv.index("--max-running-requests") + 1] == "256"
             assert pool or (want > CPU_MAX_TOTAL_TOKENS) == (name != "none")
+            assert "--load-format" not in argv and "--skip-tokenizer-init" not in argv
+
+
+def test_gpu_target_options_reach_the_server_command(monkeypatch):
+    """--load-format, --token-prompts (tokenizer init skipped), --device and --attention-backend go
+    through ServerOptions into the command; an explicit backend comes after the platform's, so it
+    wins; an open-loop level's cap sizes the running requests."""
+    from sglang_echo.bench import serve_endpoint
+    from sglang_echo.bench.load import Level
+    from sglang_echo.serve.flags import build_command
+
+    monkeypatch.setattr("sglang_echo.serve.flags.sgl_kernel_installed", lambda: True)
+    args = _server_args(device="cuda", load_format="dummy", token_shape=(4, 16), attention_backend="fa3",
+                        dtype="bfloat16")
+    bench = SimpleNamespace(args=args, heads={}, pick=None, levels=[Level(64, 2.0), Level(64, float("inf"))],
+                            model="/models/llama")
+    command = build_command(serve_endpoint.StartedServer(bench, "none", 30400).opts)
+    argv = command.argv
+    assert command.device == "cuda" and "SGLANG_USE_CPU_ENGINE" not in command.env
+    assert argv[argv.index("--load-format") + 1] == "dummy" and "--skip-tokenizer-init" in argv
+    assert argv[argv.index("--max-running-requests") + 1] == "64"
+    assert argv[argv.index("--dtype") + 1] == "bfloat16"
+    args.device = "cpu"
+    argv = build_command(serve_endpoint.StartedServer(bench, "none", 30400).opts).argv
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--attention-backend"] == ["echo_torch", "fa3"]
 
 
 def test_step_table_compares_full_batch_steps_within_a_pass():
@@ -283,30 +316,32 @@ def test_step_table_compares_full_batch_steps_within_a_pass():
 def test_step_times_are_taken_around_each_level_from_the_server_log(monkeypatch, tmp_path):
     """measure() reads the CPU server's step-time totals before and after the level and keeps the
     difference; GPU servers (no step timer) get none."""
-    from types import SimpleNamespace
-
-    from sglang_echo.bench import serve
+    from sglang_echo.bench import serve_endpoint
+    from sglang_echo.bench.load import Level
+    from sglang_echo.bench.requester import Outcome
+    from sglang_echo.bench.targets import Target
+    from sglang_echo.bench.workload import PromptItem
     from sglang_echo.platform import step_times
 
     log = tmp_path / "server.log"
     log.write_text(f'[t] {step_times.TAG} {{"decode": {{"2": [4, 0.4]}}}}\n')
 
-    def one_level(url, texts, c, budgets):
+    def send(target, item, max_new, stream, ignore_eos=False):
         with open(log, "a") as fh:
             fh.write(f'[t] {step_times.TAG} {{"decode": {{"2": [9, 0.9]}}, "prefill": {{"2": [1, 0.2]}}}}\n')
-        outs = [SimpleNamespace(output_ids=[1, 2], meta={}) for _ in texts]
-        return 1.0, outs, [1.0] * len(texts)
+        return Outcome([1, 2], "", {}, 1.0)
 
-    monkeypatch.setattr(serve, "_one_level", one_level)
+    monkeypatch.setattr(serve_endpoint, "send", send)
     monkeypatch.setattr(step_times, "LOG_EVERY_S", 0.0)
-    args = SimpleNamespace(rounds=1, min_requests=0, max_new=4, max_new_jitter=0)
-    bench = SimpleNamespace(args=args, pool=["a", "b"], datasets=["x", "y"], reference={})
+    args = SimpleNamespace(rounds=1, min_requests=0, max_new=4, max_new_jitter=0, seed=0, stream=False,
+                           ignore_eos=False)
+    items = [PromptItem("a", "x", text="a"), PromptItem("b", "y", text="b")]
     for device, want in (("cpu", {"decode": {"2": [5, 0.5]}, "prefill": {"2": [1, 0.2]}}), ("cuda", None)):
         srv = SimpleNamespace(base_url="http://x", log_path=log, command=SimpleNamespace(device=device),
                               cpu_seconds=lambda: 0.0, startup_seconds=1.0)
-        server = object.__new__(serve._Server)
-        server.bench, server.name, server.spec, server.static_shape, server.srv = bench, "none", "none", None, srv
-        assert server.measure(2, 0).step_times == want
+        bench = serve_endpoint.Bench(args, None, {}, None, [Level(2)], items)
+        ep = serve_endpoint.Endpoint(Target("none", "http://x"), "none", None, srv)
+        assert serve_endpoint.measure(bench, ep, Level(2), 0).step_times == want
 
 
 def test_levels_have_concurrency_x_rounds_requests_and_at_least_min_requests():

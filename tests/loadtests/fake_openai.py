@@ -1,6 +1,13 @@
 """A stand-in for sglang's OpenAI endpoints: streams ``max_tokens`` one-word tokens with fixed
 delays, and fails every ``fail_every``-th request in a chosen way, counting what it served so
-tests can check the load test's own counts against it."""
+tests can check the load test's own counts against it.
+
+With ``native=True`` it also answers as sglang's own API does: ``/model_info`` and ``/generate``
+(``text`` or ``input_ids``; streamed or not), whose output ids follow from the prompt (plus
+``offset``: a server whose greedy outputs differ) and whose ``meta_info`` counts verify steps as
+a speculative server committing ``accept_length`` tokens a step would (with ECHO's per-token
+``echo_tree_depth``), streamed cumulatively as sglang does by default, or ``incremental``ly.
+``metrics`` is served as ``/metrics`` (Prometheus text) where set."""
 
 from __future__ import annotations
 
@@ -23,6 +30,12 @@ class FakeConfig:
     token_delay_s: float = 0.01
     fail_every: int = 0  # 0: never
     failure: str = "500"
+    native: bool = False  # also sglang's /model_info and /generate
+    accept_length: int = 1  # /generate: tokens per verify step and per streamed chunk
+    offset: int = 0  # /generate: added to every output id
+    incremental: bool = False  # /generate streams: each chunk's new ids and per-token records only
+    metrics: str | None = None  # GET /metrics answers this where set
+    model_path: str = "/fake/model"
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -36,6 +49,7 @@ class FakeOpenAI:
     def __init__(self, config: FakeConfig) -> None:
         self.config = config
         self.served = self.failed = self.flushes = 0
+        self.bodies: list[dict[str, Any]] = []  # every generation request's JSON body, in arrival order
         self._lock = threading.Lock()
         self._httpd = _QuietServer(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
@@ -86,6 +100,10 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if self.path == "/v1/models":
                 self._send(200, json.dumps({"data": [{"id": MODEL}]}).encode())
+            elif self.path == "/model_info" and fake.config.native:
+                self._send(200, json.dumps({"model_path": fake.config.model_path}).encode())
+            elif self.path == "/metrics" and fake.config.metrics is not None:
+                self._send(200, fake.config.metrics.encode(), "text/plain")
             else:
                 self._send(404, b"{}")
 
@@ -93,9 +111,12 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             if self.path.startswith("/flush_cache"):  # sglang's, with a ?timeout= query
                 fake.flushes += 1
                 return self._send(200, b"Cache flushed.", "text/plain")
-            if self.path not in ("/v1/chat/completions", "/v1/completions"):
+            native = self.path == "/generate" and fake.config.native
+            if self.path not in ("/v1/chat/completions", "/v1/completions") and not native:
                 return self._send(404, b"{}")
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with fake._lock:
+                fake.bodies.append(req)
             chat = self.path == "/v1/chat/completions"
             failure = fake.config.failure if fake.next_fails() else None
             if failure == "drop":
@@ -103,17 +124,20 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 return None
             if failure in ("500", "400"):
                 return self._send(int(failure), b'{"error": "injected"}')
+            if native:
+                return self._generate(req)
             if req.get("stream"):
                 return self._stream(req, chat, malformed=failure == "malformed")
             # A whole generation's time, as a real server would take before answering.
             time.sleep(fake.config.first_token_delay_s + fake.config.token_delay_s * (req["max_tokens"] - 1))
             body = b"{not json" if failure == "malformed" else json.dumps({
                 "choices": [{"index": 0, "text": "tok " * req["max_tokens"]}],
-                "usage": {"completion_tokens": req["max_tokens"]},
+                "usage": {"completion_tokens": req["max_tokens"], "prompt_tokens": _prompt_tokens(req)},
             }).encode()
             return self._send(200, body)
 
-        def _stream(self, req: dict[str, Any], chat: bool, malformed: bool) -> None:
+        def _start_stream(self) -> Any:
+            """Send the headers of a chunked event stream; the function that sends one event."""
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
@@ -125,6 +149,44 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(raw), raw))
                 self.wfile.flush()
 
+            return event
+
+        def _generate(self, req: dict[str, Any]) -> None:
+            """sglang's /generate: output ids from the prompt, verify steps of ``accept_length`` tokens."""
+            cfg = fake.config
+            n = req["sampling_params"]["max_new_tokens"]
+            prompt = req.get("input_ids") or [ord(c) for c in req["text"]]
+            ids = [(sum(prompt) + i + cfg.offset) % 1000 for i in range(n)]
+
+            # a step's tree depth on the first token it commits (the prefill's token: none)
+            depths = [0] + [cfg.accept_length - 1 if i % cfg.accept_length == 0 else 0 for i in range(n - 1)]
+
+            def meta(k: int, first: int = 0) -> dict[str, Any]:
+                out = {"completion_tokens": k, "prompt_tokens": len(prompt),
+                       "finish_reason": {"type": "length"} if k == n else None}
+                if cfg.accept_length > 1:  # a speculative server: ceil(k / accept_length) verify steps
+                    out |= {"spec_verify_ct": -(-k // cfg.accept_length), "echo_tree_depth": depths[first:k]}
+                return out
+
+            if not req.get("stream"):
+                time.sleep(cfg.first_token_delay_s + cfg.token_delay_s * (n - 1))
+                return self._send(200, json.dumps({"text": " ".join(map(str, ids)), "output_ids": ids,
+                                                   "meta_info": meta(n)}).encode())
+            event = self._start_stream()
+            # the prefill's token, then accept_length a step; sglang's cumulative ids in every chunk, or
+            # (incremental) only the new ones
+            sent = 0
+            for i, k in enumerate(sorted({1, *range(1 + cfg.accept_length, n, cfg.accept_length), n})):
+                time.sleep(cfg.first_token_delay_s if i == 0 else cfg.token_delay_s)
+                first = sent if cfg.incremental else 0
+                event({"text": " ".join(map(str, ids[first:k])), "output_ids": ids[first:k],
+                       "meta_info": meta(k, first)})
+                sent = k
+            event("[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+
+        def _stream(self, req: dict[str, Any], chat: bool, malformed: bool) -> None:
+            event = self._start_stream()
             if chat:  # like sglang: the role first, with empty content (not a token)
                 event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
             if malformed:
@@ -134,8 +196,15 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                     time.sleep(fake.config.first_token_delay_s if i == 0 else fake.config.token_delay_s)
                     event(_chunk(chat, "tok "))
                 if (req.get("stream_options") or {}).get("include_usage"):
-                    event(_chunk(chat, None, usage={"completion_tokens": req["max_tokens"]}))
+                    event(_chunk(chat, None, usage={"completion_tokens": req["max_tokens"],
+                                                    "prompt_tokens": _prompt_tokens(req)}))
                 event("[DONE]")
             self.wfile.write(b"0\r\n\r\n")
 
     return Handler
+
+
+def _prompt_tokens(req: dict[str, Any]) -> int:
+    """An OpenAI request's prompt length: its token ids, else one token per word."""
+    prompt = req.get("prompt", "")
+    return len(prompt) if isinstance(prompt, list) else len(str(prompt or req.get("messages", "")).split())
