@@ -36,13 +36,16 @@ from .tree import Candidates
 
 
 class ControlKernel(StrEnum):
-    """How the control plane runs: tensor ops, or one Triton program a depth (``kernels/control``)."""
+    """How the control plane runs: tensor ops, or one Triton program a depth (``kernels/control``).
+    ``auto`` is a server setting, resolved before a policy is made (the fused kernels on a GPU
+    where they pass their start-up check: ``kernels/control/selfcheck.py``)."""
 
     TORCH = "torch"
     TRITON = "triton"
+    AUTO = "auto"
 
 
-KERNELS = tuple(ControlKernel)
+KERNELS = (ControlKernel.TORCH, ControlKernel.TRITON)  # what a policy runs
 
 
 @dataclass(frozen=True)

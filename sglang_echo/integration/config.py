@@ -109,7 +109,7 @@ class EchoConfig:
     budget: Budget = Budget.FIXED  # cost: each step's cap from the measured cost model (budgeted policies)
     explore_backoff: int = 16  # budget cost: the longest gap between K_max explorations, in units of 64 steps
     lazy_extend: int = 128  # most tokens a plain step may leave out of the draft KV per request (0: off)
-    control_kernel: ControlKernel = ControlKernel.TORCH  # the elastic scheduler as tensor ops or Triton (CUDA)
+    control_kernel: ControlKernel = ControlKernel.AUTO  # the elastic scheduler as tensor ops or Triton (CUDA)
     source: str = "defaults"
 
     # -- derived ---------------------------------------------------------------------------
@@ -175,7 +175,7 @@ class EchoConfig:
             raise bad(f"explore_backoff={self.explore_backoff} must be >= 1 (1: explore every 64 steps)")
         if self.lazy_extend < 0:
             raise bad(f"lazy_extend={self.lazy_extend} must be >= 0 (0: extend the draft KV every step)")
-        if self.control_kernel == "triton" and self.policy not in ELASTIC:
+        if self.control_kernel == ControlKernel.TRITON and self.policy not in ELASTIC:
             raise bad(f"control_kernel='triton' fuses the elastic scheduler ({', '.join(ELASTIC)}), "
                       f"not policy '{self.policy}'")
         if not 0.0 <= self.fixed_tau <= 1.0:
@@ -204,7 +204,7 @@ class EchoConfig:
         return PolicyConfig(
             k_max=k_max or self.k_max or CPU_DEFAULT.flat, max_depth=self.max_depth, w_def=self.w_def, w_max=self.w_max,
             topk=self.w_max, total_tokens=self.resolved_width(), fixed_tau=self.fixed_tau,
-            control_kernel=self.control_kernel,
+            control_kernel=ControlKernel.TORCH if self.control_kernel == ControlKernel.AUTO else self.control_kernel,
         )
 
     def describe(self) -> str:
@@ -375,6 +375,31 @@ def load_calibration_for(cfg: EchoConfig, *, model_path: Optional[str] = None, d
     log.warning("ECHO: calibration %s: sweet spots %s, thresholds %s", cfg.calibration, list(calib.sweet_spots),
                 [round(calib.threshold(d), 3) for d in calib.sweet_spots])
     return calib
+
+
+def resolve_control_kernel(cfg: EchoConfig, device) -> EchoConfig:
+    """``control_kernel: auto``, settled for a server on ``device``: the fused Triton kernels for the
+    elastic policies on a GPU where they build exactly the eager steps there
+    (:func:`sglang_echo.kernels.control.selfcheck.first_difference`), else tensor ops; logged."""
+    if cfg.control_kernel != ControlKernel.AUTO:
+        return cfg
+    kernel, why = ControlKernel.TORCH, "not a GPU"
+    if cfg.policy not in ELASTIC:
+        why = f"policy {cfg.policy} has no fused kernels"
+    elif str(device).startswith("cuda"):
+        from sglang_echo.kernels.control.selfcheck import first_difference
+
+        try:
+            problem = first_difference(cfg.policy, cfg.policy_config(), device)
+        except Exception as e:  # a kernel that does not even compile here
+            problem = f"{type(e).__name__}: {e}"
+        if problem is None:
+            kernel, why = ControlKernel.TRITON, "they build exactly the eager steps on this GPU"
+        else:
+            why = f"their start-up check failed ({problem})"
+            log.warning("ECHO: the fused control kernels are off: %s", why)
+    log.info("ECHO: control plane %s (control_kernel auto: %s)", kernel, why)
+    return replace(cfg, control_kernel=kernel)
 
 
 def server_kmax(cfg: EchoConfig, calibration, device) -> KMax:

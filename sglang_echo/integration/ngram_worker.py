@@ -53,7 +53,7 @@ from sglang_echo.core.tree import Candidates, NodePool
 from sglang_echo.drafters.ngram import NGramDrafter
 
 from .config import (EchoConfig, check_consistent, load_calibration_for, load_config, make_echo_policy,
-                     make_step_budget, server_kmax)
+                     make_step_budget, resolve_control_kernel, server_kmax)
 from .faults import DraftGuard
 from .history import History
 from .metrics import AcceptanceObservers, EchoMetrics, TimedDrafter, timing_sync
@@ -260,6 +260,8 @@ def _define_worker():
                 raise ValueError(f"ECHO ngram worker built for drafter='{cfg.drafter}'")
             check_consistent(cfg, self.speculative_num_steps, self.topk, self.speculative_num_draft_tokens)
             calib = load_calibration_for(cfg, model_path=server_args.model_path)
+            # The n-gram drafter's trees are built on the host: the tensor-op control plane.
+            cfg = resolve_control_kernel(cfg, "cpu")
             self.echo_cfg: EchoConfig = cfg
             self.echo_kmax = server_kmax(cfg, calib, self.device)
             self.echo_policy = make_echo_policy(cfg, calib, self.echo_kmax)

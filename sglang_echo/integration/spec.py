@@ -102,6 +102,8 @@ def _echo_config(sa):
 
 def validate_server_args(sa) -> None:
     """Reject what ECHO does not support, with messages that name the flag."""
+    from sglang_echo.core.scheduler import ControlKernel
+
     from .config import configured_drafter, load_calibration_for
 
     def no(cond: bool, msg: str) -> None:
@@ -144,8 +146,11 @@ def validate_server_args(sa) -> None:
     no(sa.speculative_eagle_topk is not None and sa.speculative_eagle_topk < 2,
        f"--speculative-eagle-topk={sa.speculative_eagle_topk}: ECHO needs topk >= 2 (W_max, the tree width)")
     cfg = _echo_config(sa)  # raises EchoConfigError with the offending setting
-    no(cfg.control_kernel == "triton" and (sa.device or "cuda") != "cuda",
+    no(cfg.control_kernel == ControlKernel.TRITON and (sa.device or "cuda") != "cuda",
        f"control_kernel 'triton' (SGLANG_ECHO_CONTROL_KERNEL) needs a CUDA device, not --device {sa.device}")
+    no(cfg.control_kernel == ControlKernel.TRITON and cfg.drafter == "ngram",
+       "control_kernel 'triton' (SGLANG_ECHO_CONTROL_KERNEL) fuses device-side trees; the n-gram drafter builds "
+       "its trees on the host (use torch or auto)")
     # A missing, malformed or mismatched calibration file is a start-up error, here in the
     # main process, before any subprocess starts.
     load_calibration_for(cfg, model_path=sa.model_path, draft_path=sa.speculative_draft_model_path)

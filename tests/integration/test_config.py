@@ -96,6 +96,16 @@ def test_malformed_and_mismatched_calibration(tmp_path: Path):
                              model_path=str(model))
 
 
+def test_auto_control_kernel_is_settled_per_server():
+    from sglang_echo.integration.config import resolve_control_kernel
+
+    cfg = load_config(environ={})
+    assert resolve_control_kernel(cfg, "cpu").control_kernel == "torch"
+    assert resolve_control_kernel(load_config(environ={"SGLANG_ECHO_POLICY": "chain"}), "cuda").control_kernel == "torch"
+    pinned = load_config(environ={"SGLANG_ECHO_CONTROL_KERNEL": "torch"})
+    assert resolve_control_kernel(pinned, "cuda") is pinned
+
+
 def test_calibration_against_a_model_that_is_not_local(tmp_path: Path, monkeypatch):
     """A hub id is checked against its cached snapshot, and refused where none is cached (it
     used to skip the fingerprint check)."""
@@ -170,6 +180,7 @@ def test_control_kernel_setting(monkeypatch):
 
     cfg = load_config(environ={"SGLANG_ECHO_CONTROL_KERNEL": "triton"})
     assert cfg.control_kernel == "triton" and cfg.policy_config().control_kernel == "triton"
+    assert load_config(environ={}).control_kernel == "auto"  # the server settles it (resolve_control_kernel)
     assert load_config(environ={}).policy_config().control_kernel == "torch"
     with pytest.raises(EchoConfigError, match="control_kernel='cuda' is unknown"):
         load_config(environ={"SGLANG_ECHO_CONTROL_KERNEL": "cuda"})
@@ -187,5 +198,8 @@ def test_control_kernel_setting(monkeypatch):
                          device="cpu", model_path=None)
     with pytest.raises(ValueError, match="control_kernel 'triton'.*needs a CUDA device, not --device cpu"):
         validate_server_args(sa)
-    sa.device = "cuda"
+    sa.device = "cuda"  # and the n-gram drafter, whose trees are host-side, cannot use it either
+    with pytest.raises(ValueError, match="the n-gram drafter builds its trees on the host"):
+        validate_server_args(sa)
+    monkeypatch.setenv("SGLANG_ECHO_CONTROL_KERNEL", "auto")
     validate_server_args(sa)
