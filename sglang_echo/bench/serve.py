@@ -38,6 +38,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import asdict
 from pathlib import Path
@@ -191,11 +192,29 @@ def _side_by_side(bench: Bench, openers: Sequence[Callable[[int], AbstractContex
     every server back to back: what drifts in between is one level's minutes, not a whole pass's."""
     runs = []
     with ExitStack() as stack:
-        endpoints = [stack.enter_context(opener(i)) for i, opener in enumerate(openers)]
+        endpoints = _enter_all(stack, [opener(i) for i, opener in enumerate(openers)])
         for rep in range(bench.args.repeats):
             for level in bench.levels:
                 runs += [measure(bench, ep, level, rep) for ep in _in_order(endpoints, rep)]
     return runs
+
+
+def _enter_all(stack: ExitStack, contexts: Sequence[AbstractContextManager[Endpoint]]) -> list[Endpoint]:
+    """Enter every server at once (their starts overlap: minutes on a GPU host, where each JIT-compiles
+    and loads on its own cores); each one entered is left through ``stack``, also when another fails."""
+    with ThreadPoolExecutor(max_workers=max(len(contexts), 1)) as pool:
+        futures = [pool.submit(cm.__enter__) for cm in contexts]
+        wait(futures)
+    endpoints, error = [], None
+    for cm, fut in zip(contexts, futures):
+        if fut.exception() is None:
+            stack.push(cm.__exit__)
+            endpoints.append(fut.result())
+        elif error is None:
+            error = fut.exception()
+    if error is not None:
+        raise error
+    return endpoints
 
 
 def _one_level(url: str, texts: list[str], concurrency: int, max_new: Sequence[int]

@@ -75,6 +75,9 @@ def parser(description: str = "") -> argparse.ArgumentParser:
     add("--device", choices=("cpu", "cuda"), default=None, help="started servers' device (default: cuda if available)")
     add("--attention-backend", default=None, help="started servers' attention backend (default: the platform's)")
     add("--dtype", default=None, help=f"started servers' dtype (default {DEFAULT_DTYPE})")
+    add("--server-args", default="",
+        help="more sglang flags for every started server, one string (e.g. \"--mem-fraction-static 0.25\" so that "
+             "--interleave's servers share one GPU)")
     add("--max-total-tokens", type=int, default=None,
         help="every server's KV pool in tokens (default: make serve's: on CPUs 16,384, plus the draft "
              "slots a speculative server holds per running request)")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,7 +126,8 @@ class StartedServer:
                                   extra_env=tuple({step_times.ENV: "1", **env}.items()),
                                   device=args.device, load_format=args.load_format,
                                   skip_tokenizer_init=args.token_shape is not None,
-                                  attention_backend=args.attention_backend)
+                                  attention_backend=args.attention_backend,
+                                  extra_args=tuple(shlex.split(args.server_args)))
         self.static_shape = knobs if self.spec == "eagle3" else None  # sglang's static tree: depth, tokens known
         self.srv: Optional[SGLangServer] = None
 

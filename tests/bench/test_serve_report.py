@@ -230,6 +230,53 @@ def test_interleave_runs_each_level_config_after_config(monkeypatch):
     assert [(r.config, r.concurrency, r.repeat) for r in runs] == [e for e in log if e[0] not in ("start", "stop")]
 
 
+def test_side_by_side_servers_start_together_and_a_failed_start_stops_the_others():
+    """--interleave enters every server at once; where one fails to start, the ones that did are
+    stopped and the error is raised."""
+    import threading
+    from contextlib import ExitStack
+
+    from sglang_echo.bench import serve
+
+    barrier = threading.Barrier(3, timeout=10)  # all three starts must be in flight together
+    stopped = []
+
+    class Server:
+        def __init__(self, name, fails=False):
+            self.name, self.fails = name, fails
+
+        def __enter__(self):
+            barrier.wait()
+            if self.fails:
+                raise RuntimeError(f"{self.name} did not start")
+            return self.name
+
+        def __exit__(self, *exc):
+            stopped.append(self.name)
+
+    with ExitStack() as stack:
+        assert serve._enter_all(stack, [Server("a"), Server("b"), Server("c")]) == ["a", "b", "c"]
+    assert stopped == ["c", "b", "a"]
+    barrier.reset()
+    stopped.clear()
+    with pytest.raises(RuntimeError, match="b did not start"):
+        with ExitStack() as stack:
+            serve._enter_all(stack, [Server("a"), Server("b", fails=True), Server("c")])
+    assert sorted(stopped) == ["a", "c"]
+
+
+def test_server_args_reach_every_started_server(monkeypatch):
+    from sglang_echo.bench import serve_endpoint
+    from sglang_echo.bench.load import Level
+    from sglang_echo.serve.flags import build_command
+
+    monkeypatch.setattr("sglang_echo.serve.flags.resolve_device", lambda _d: "cpu")
+    bench = SimpleNamespace(args=_server_args(server_args="--mem-fraction-static 0.25"), heads={}, pick=None,
+                            levels=[Level(8)], model="/models/target")
+    argv = build_command(serve_endpoint.StartedServer(bench, "none", 30400).opts).argv
+    assert argv[argv.index("--mem-fraction-static") + 1] == "0.25"
+
+
 def test_max_new_jitter_spreads_budgets_the_same_way_every_time():
     from sglang_echo.bench.serve import max_new_tokens
 
@@ -245,7 +292,7 @@ def _server_args(**kw) -> SimpleNamespace:
     """The options StartedServer reads, as echo-bench serve's defaults leave them."""
     return SimpleNamespace(**{"dtype": "float32", "max_total_tokens": None, "echo_drafter": "eagle3",
                               "calibration": None, "device": None, "load_format": None, "token_shape": None,
-                              "attention_backend": None, **kw})
+                              "attention_backend": None, "server_args": "", **kw})
 
 
 def test_max_total_tokens_reaches_every_server(monkeypatch):
