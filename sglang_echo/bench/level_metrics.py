@@ -6,20 +6,64 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Iterable
 
+from ..integration.metric_catalog import ECHO_LABELS, Kind, Sample, exported_names
 from ..platform import step_times
 
-_SAMPLE = re.compile(r"^(echo_\w+)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|[+-]Inf)\s*$")
+# One sample line of the text exposition format: name, optional {labels}, value, optional timestamp.
+_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?\s*$")
+_LABEL = re.compile(r'\s*([a-zA-Z_]\w*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r'\\[\\"n]', lambda m: _ESCAPES[m.group(0)], value)
+
+
+def parse_page(text: str) -> list[Sample]:
+    """Every sample of a Prometheus text page; a line that is not a sample (a comment, or a
+    value that is not a number) is skipped."""
+    samples = []
+    for line in text.splitlines():
+        m = None if line.startswith("#") else _LINE.match(line)
+        if m is None:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        labels = {k: _unescape(v) for k, v in _LABEL.findall(m.group(2) or "")}
+        samples.append(Sample(m.group(1), labels, value))
+    return samples
+
+
+def echo_totals(samples: Iterable[Sample], key: Callable[[str, dict[str, str]], str]) -> dict[str, float]:
+    """The ``echo_*`` samples with sglang's identity labels (model, ranks) summed over, ECHO's
+    own labels kept: one value per ``key(name, own_labels)``. Counters and histograms add up
+    over the processes that wrote them; a gauge keeps the largest value (K_max, the largest step)."""
+    kinds = {name: s.kind for name, s in exported_names().items()}
+    out: dict[str, float] = {}
+    for x in samples:
+        if not x.name.startswith("echo_"):
+            continue
+        k = key(x.name, {n: v for n, v in sorted(x.labels.items()) if n in ECHO_LABELS})
+        if kinds.get(x.name) is Kind.GAUGE:
+            out[k] = max(out.get(k, x.value), x.value)
+        else:
+            out[k] = out.get(k, 0.0) + x.value
+    return out
+
+
+def _braced(name: str, labels: dict[str, str]) -> str:
+    return name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
 
 
 def parse_echo_metrics(text: str) -> dict[str, float]:
-    """The unlabelled ``echo_*`` samples of a Prometheus text page (labelled ones: name{labels})."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
+    """The ``echo_*`` totals of a Prometheus text page (:func:`echo_totals`), keyed by name, or
+    ``name{label="value",...}`` with ECHO's own labels in name order (``depth``, ``kind``,
+    ``arm``/``reason``, a histogram's ``le``)."""
+    return echo_totals(parse_page(text), _braced)
 
 
 def scrape_echo_metrics(base_url: str) -> dict[str, float]:
@@ -77,9 +121,6 @@ def echo_deltas(before: dict[str, float], after: dict[str, float]) -> dict | Non
     return out
 
 
-_LABELS = re.compile(r'(\w+)="([^"]*)"')
-
-
 def budget_decisions(before: dict[str, float], after: dict[str, float]) -> dict[str, dict[str, float]]:
     """What a level added to ``echo_budget_steps_total{arm,reason}`` and its seconds: per
     ``"arm/reason"``, ``{"steps", "seconds"}`` (``budget: cost`` servers only; else {})."""
@@ -87,7 +128,7 @@ def budget_decisions(before: dict[str, float], after: dict[str, float]) -> dict[
     for key, value in after.items():
         for name, field in (("echo_budget_steps_total", "steps"), ("echo_budget_step_seconds_total", "seconds")):
             if key.startswith(name + "{"):
-                labels = dict(_LABELS.findall(key))
+                labels = dict(_LABEL.findall(key[len(name) + 1:-1]))
                 row = out.setdefault(f"{labels.get('arm')}/{labels.get('reason')}", {"steps": 0.0, "seconds": 0.0})
                 row[field] += value - before.get(key, 0.0)
     return {k: v for k, v in sorted(out.items()) if v["steps"] > 0}

@@ -6,7 +6,7 @@ sglang's own ``spec_cap_length`` / ``spec_cap_lens_histogram`` come from ``cap_l
 
 * ``echo_verified_tokens_total``: sum of K_i (roots included) over all steps;
 * ``echo_target_tokens_total``: tokens the target's verify forwards computed (sum of K_i with
-  ragged verify, batch size x W padded);
+  ragged verify, or its CUDA-graph token tier; batch size x W padded);
 * ``echo_verify_slots_total``: slots the steps laid out for sglang's verify and draft extend
   (batch size x the step's width: ``W``, or ``max K_i`` with the per-step width);
 * ``echo_accepted_tokens_total``: accepted tokens incl. the bonus token;
@@ -25,6 +25,24 @@ sglang's own ``spec_cap_length`` / ``spec_cap_lens_histogram`` come from ``cap_l
 * ``echo_deferred_extend_tokens_total`` / ``echo_caught_up_tokens_total``: lazy extend
   (:mod:`.lazy_extend`): committed tokens whose draft extend a plain step deferred, and those a
   later catch-up extended (the rest were never needed: the request ended first, or is pending).
+* ``echo_draft_faults_total{kind}``: steps verified as plain decoding because the drafter
+  failed (:mod:`.faults`).
+
+Histograms (``_bucket{le}`` / ``_sum`` / ``_count``; buckets in :mod:`.metric_catalog`):
+
+* ``echo_accept_length``: tokens accepted per request and verify step, the bonus token
+  included (its ``_sum`` is ``echo_accepted_tokens_total``);
+* ``echo_verified_tokens_per_step``: sum of K_i per step (``_sum`` = ``echo_verified_tokens_total``,
+  ``_count`` = ``echo_steps_total``);
+* ``echo_tree_depth``: the deepest node of each request's tree per step (0: root only).
+
+Labels: every series carries sglang's scheduler labels with the values sglang's ``sglang:*``
+series have in the same process (:func:`sglang_labels`: ``model_name``, ``engine_type``,
+``tp_rank``, ``pp_rank``, ``moe_ep_rank``, ``dp_rank`` under data parallelism, and
+``--extra-metric-labels``), ECHO's own (``depth``, ``kind``, ``arm``, ``reason``) after them.
+Under tensor parallelism only the ranks where sglang writes its scheduler series write
+(:func:`sglang_writes_metrics`): each TP rank runs the same step over the same batch, so
+one writer per batch counts every step once.
 
 Step timing (seconds, wall clock on the scheduler's host thread, summed over decode steps; see
 ``sglang_echo/integration/README.md`` "Metrics" for exactly what each covers):
@@ -54,9 +72,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from sglang_echo import env
+
+from .metric_catalog import BY_KEY, SERIES, Kind, bucket_bounds
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +151,71 @@ def record_tree_depths(reqs: Sequence, depths: Sequence[int]) -> None:
         values.append(int(d))
 
 
+def sglang_labels() -> dict[str, str]:
+    """The labels sglang 0.5.23 puts on its scheduler series in this process (model_name,
+    engine_type, tp_rank, pp_rank, moe_ep_rank; dp_rank under data parallelism; then
+    ``--extra-metric-labels``), read from sglang's runtime context as its
+    ``SchedulerMetricsCollector.init_new`` reads them, as strings (how Prometheus shows them)."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.runtime_context import get_disagg, get_observability, get_parallel, get_serving
+
+    parallel = get_parallel()
+    engine = ("dynamic" if get_disagg().enable_pd_role_switch
+              else DisaggregationMode.to_engine_type(get_disagg().disaggregation_mode))
+    labels = {"model_name": get_serving().served_model_name, "engine_type": engine, "tp_rank": parallel.tp_rank,
+              "pp_rank": parallel.pp_rank, "moe_ep_rank": parallel.moe_ep_rank}
+    if parallel.dp_rank is not None:
+        labels["dp_rank"] = parallel.dp_rank
+    labels.update(get_observability().extra_metric_labels or {})
+    return {k: str(v) for k, v in labels.items()}
+
+
+def sglang_writes_metrics() -> bool:
+    """Whether sglang's scheduler in this process exports its series: the first rank of each
+    attention-TP group (attn_tp_rank 0, attn_cp_rank 0), or every rank with
+    ``--enable-metrics-for-all-schedulers``. ECHO writes exactly where sglang does: every TP
+    rank runs the same ECHO step over the same batch, so one writer per batch keeps each step
+    counted once, and every ``echo_*`` series has its ``sglang:*`` twin to join with."""
+    from sglang.srt.runtime_context import get_observability, get_parallel
+
+    parallel = get_parallel()
+    lead = parallel.attn_tp_rank == 0 and parallel.attn_cp_rank == 0
+    return bool(lead or get_observability().enable_metrics_for_all_schedulers)
+
+
+def observe_many(hist, values, bounds: Sequence[float]) -> None:
+    """Observe every value of ``values`` (a tensor, array or list) into the histogram child
+    ``hist`` at once: one count per bucket and one sum, as ``hist.observe`` would leave them
+    value by value (``tests/integration/test_metrics.py`` compares the two pages), without a
+    Python loop over the batch. Falls back to ``observe`` where the client lays histograms out
+    differently (``_buckets`` / ``_sum`` / ``_upper_bounds`` are prometheus_client's)."""
+    import numpy as np
+
+    if hasattr(values, "detach"):  # a torch tensor, possibly on the device
+        values = values.detach().cpu().numpy()
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    if v.size == 0:
+        return
+    if list(getattr(hist, "_upper_bounds", ())) != list(bounds) or not hasattr(hist, "_buckets"):
+        for x in v.tolist():
+            hist.observe(x)
+        return
+    # bucket i holds bounds[i-1] < x <= bounds[i], Prometheus' ``le``; the last bound is +Inf
+    counts = np.bincount(np.searchsorted(np.asarray(bounds), v, side="left"), minlength=len(bounds))
+    for i in np.flatnonzero(counts).tolist():
+        hist._buckets[i].inc(int(counts[i]))
+    hist._sum.inc(float(v.sum()))
+
+
 class EchoMetrics:
-    def __init__(self, k_max: int, enabled: bool) -> None:
-        """``k_max``: the server's K_max (its flat part: :class:`~sglang_echo.core.kmax.KMax`)."""
+    def __init__(self, k_max: int, enabled: bool, *, labels: Mapping[str, str] | None = None,
+                 writer: bool | None = None, registry=None) -> None:
+        """``k_max``: the server's K_max (its flat part: :class:`~sglang_echo.core.kmax.KMax`).
+
+        ``enabled``: ``--enable-metrics``. ``labels`` (default :func:`sglang_labels`) go on every
+        series; ``writer`` (default :func:`sglang_writes_metrics`): whether this process exports
+        (the totals are kept either way); ``registry``: prometheus_client's default one unless
+        given (tests)."""
         self.k_max = k_max
         self.enabled = enabled
         self.step_max = 0
@@ -141,47 +223,42 @@ class EchoMetrics:
                        "faults": 0,
                        "timed_steps": 0, "deferred": 0, "caught_up": 0, **{f"{k}_seconds": 0.0 for k in TIMERS}}
         self.request_depth = _env_flag(DEPTH_ENV, True)
-        self._m = None
+        self.labels: dict[str, str] = {}
+        self._m = None  # key -> the family (ECHO-labelled series) or the child under self.labels
         self._warned: set[str] = set()
         if enabled:
             try:
-                self._create()
+                self.labels = dict(sglang_labels() if labels is None else labels)
+                if writer is None:
+                    writer = sglang_writes_metrics()
+                if writer:
+                    self._create(registry)
+                else:
+                    log.info("ECHO: this rank exports no echo_* series (sglang's metrics rank does)")
             except Exception as e:  # metrics must never take the server down
                 log.warning("ECHO: could not create Prometheus metrics (%s: %s)", type(e).__name__, e)
                 self._m = None
 
-    def _create(self) -> None:
-        from prometheus_client import Counter, Gauge
+    def _create(self, registry) -> None:
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
-        self._m = {
-            "verified": Counter("echo_verified_tokens", "Tokens submitted to verification (sum of K_i, roots included)"),
-            "target": Counter("echo_target_tokens", "Tokens computed by the target's verify forwards (padding included)"),
-            "slots": Counter("echo_verify_slots", "Verify slots laid out (batch size x the step's padded width)"),
-            "accepted": Counter("echo_accepted_tokens", "Tokens accepted by verification (incl. bonus)"),
-            "steps": Counter("echo_steps", "ECHO verify steps"),
-            "exceeded": Counter("echo_budget_exceeded", "Steps whose sum of K_i exceeded max(K_max, bs)"),
-            "faults": Counter("echo_draft_faults", "Steps verified as plain decoding because the drafter failed",
-                              ["kind"]),
-            "gate_eval": Counter("echo_gate_evaluated", "Confidence gates evaluated", ["depth"]),
-            "gate_pass": Counter("echo_gate_passed", "Confidence gates passed", ["depth"]),
-            "k_max": Gauge("echo_budget_k_max", "The server's K_max (without its growth with the batch)",
-                           multiprocess_mode="max"),
-            "cap": Counter("echo_budget_cap_tokens", "Sum of the steps' verification caps (K_max or the cost model's)"),
-            "step_max": Gauge("echo_step_verified_tokens_max", "Largest per-step sum of K_i", multiprocess_mode="max"),
-            "deferred": Counter("echo_deferred_extend_tokens", "Committed tokens whose draft extend a plain step deferred"),
-            "caught_up": Counter("echo_caught_up_tokens", "Deferred tokens a catch-up draft extend extended"),
-            "timed_steps": Counter("echo_timed_steps", "Decode steps covered by the echo_*_seconds counters"),
-            "budget_steps": Counter("echo_budget_steps", "Steps by the cost budget's decision", ["arm", "reason"]),
-            "budget_seconds": Counter(
-                "echo_budget_step_seconds", "Whole-step seconds by the cost budget's decision", ["arm", "reason"]),
-            "control_seconds": Counter(
-                "echo_control_seconds", "ECHO control plane: build_trees minus drafter.propose, plus packing to sglang's layout"),
-            "draft_seconds": Counter(
-                "echo_draft_seconds", "Drafting outside the control plane (draft forwards / n-gram lookups, their setup)"),
-            "verify_seconds": Counter("echo_verify_seconds", "Target verify pass with sglang's acceptance and KV commit"),
-            "step_seconds": Counter("echo_step_seconds", "Whole speculative decode step, worker entry to return"),
-        }
-        self._m["k_max"].set(self.k_max)
+        reg, names, m = REGISTRY if registry is None else registry, tuple(self.labels), {}
+        for s in SERIES:
+            kw = {"labelnames": names + s.labels, "registry": reg}
+            if s.kind is Kind.COUNTER:
+                family = Counter(s.name, s.doc, **kw)
+            elif s.kind is Kind.GAUGE:
+                family = Gauge(s.name, s.doc, multiprocess_mode="max", **kw)
+            else:
+                family = Histogram(s.name, s.doc, buckets=bucket_bounds(s), **kw)
+            # A series without ECHO labels is exported from the start (a counter at 0).
+            m[s.key] = family if s.labels else family.labels(**self.labels)
+        self._m = m
+        m["k_max"].set(self.k_max)
+
+    def _labelled(self, key: str, **own: str):
+        """The child of an ECHO-labelled series (``depth``, ``kind``, ``arm``/``reason``)."""
+        return self._m[key].labels(**self.labels, **own)
 
     def on_step(self, st, target_tokens: int) -> None:
         total = st.verified
@@ -205,8 +282,15 @@ class EchoMetrics:
             ev, pa = st.gate_evaluated.tolist(), st.gate_passed.tolist()
             for d, (e, p) in enumerate(zip(ev, pa)):
                 if e:
-                    self._m["gate_eval"].labels(depth=str(d)).inc(e)
-                    self._m["gate_pass"].labels(depth=str(d)).inc(p)
+                    self._labelled("gate_eval", depth=str(d)).inc(e)
+                    self._labelled("gate_pass", depth=str(d)).inc(p)
+        try:
+            self._m["step_verified"].observe(total)
+            depths = getattr(st, "depths", None)  # [bs] deepest node of each request's tree
+            if depths is not None:
+                observe_many(self._m["tree_depth"], depths, bucket_bounds(BY_KEY["tree_depth"]))
+        except Exception as e:  # metrics must never take the server down
+            self.warn_once("histogram", e)
 
     def on_lazy_extend(self, *, deferred: int = 0, caught_up: int = 0) -> None:
         """Tokens a plain step deferred and a catch-up extended (:mod:`.lazy_extend`)."""
@@ -237,8 +321,8 @@ class EchoMetrics:
             return
         try:
             arm, reason = decision
-            self._m["budget_steps"].labels(arm=arm, reason=reason).inc()
-            self._m["budget_seconds"].labels(arm=arm, reason=reason).inc(max(seconds, 0.0))
+            self._labelled("budget_steps", arm=arm, reason=reason).inc()
+            self._labelled("budget_seconds", arm=arm, reason=reason).inc(max(seconds, 0.0))
         except Exception as e:  # metrics must never take the server down
             self.warn_once("budget", e)
 
@@ -261,6 +345,13 @@ class EchoMetrics:
         self.totals["accepted"] += n
         if self._m is not None:
             self._m["accepted"].inc(n)
+            try:
+                import numpy as np
+
+                lengths = np.asarray(num_correct_drafts_per_req).reshape(-1) + 1  # the bonus token
+                observe_many(self._m["accept_length"], lengths, bucket_bounds(BY_KEY["accept_length"]))
+            except Exception as e:  # metrics must never take the server down
+                self.warn_once("histogram", e)
 
     def budget_exceeded(self) -> None:
         self.totals["exceeded"] += 1
@@ -271,7 +362,7 @@ class EchoMetrics:
         """A step whose drafter failed (:mod:`.faults`): verified as plain decoding."""
         self.totals["faults"] += 1
         if self._m is not None:
-            self._m["faults"].labels(kind=str(kind)).inc()
+            self._labelled("faults", kind=str(kind)).inc()
 
     def check_budget(self, policy, st) -> None:
         """Count (and log) a step of a budgeted policy that verified over max(its cap, bs) (Eq. 4)."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +22,8 @@ import pytest
 import requests
 from filelock import FileLock
 
+from sglang_echo.bench.level_metrics import echo_totals, parse_page
+from sglang_echo.integration.metric_catalog import SERIES, check_page
 from sglang_echo.models.cache import cache_root
 from sglang_echo.serve.client import Generation, generate
 from sglang_echo.serve.flags import SpecOptions
@@ -77,14 +78,19 @@ def run_staggered(url: str, inputs, *, rids: Optional[Sequence[str]] = None,
 
 
 def scrape(url: str) -> dict[str, float]:
-    """The server's ``echo_*`` Prometheus series (``name[value]`` for a series with one label, e.g.
-    ``echo_gate_evaluated_total[2]`` for depth 2, ``echo_draft_faults_total[raise]``)."""
-    out = {}
-    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
-        m = re.match(r'^(echo_\w+)(\{\w+="([^"]*)"\})?\s+([0-9.eE+-]+)$', line)
-        if m:
-            out[m.group(1) + (f"[{m.group(3)}]" if m.group(2) else "")] = float(m.group(4))
-    return out
+    """The server's ``echo_*`` series summed over sglang's identity labels (model, ranks):
+    ``name`` for a series without ECHO labels, ``name[v1,v2]`` with its ECHO labels' values
+    in label-name order (``echo_gate_evaluated_total[2]`` for depth 2,
+    ``echo_draft_faults_total[raise]``, ``echo_budget_steps_total[draft,explore]``).
+
+    Every page is checked first (:func:`~sglang_echo.integration.metric_catalog.check_page`):
+    each ``echo_*`` sample is a catalogued series with sglang's labels, the values of the page's
+    ``sglang:*`` scheduler series, its histogram buckets in order, and every series without
+    ECHO labels is there from the start."""
+    samples = parse_page(requests.get(url + "/metrics", timeout=30).text)
+    problems = check_page(samples, always=[s.key for s in SERIES if not s.labels])
+    assert not problems, "/metrics: " + "; ".join(problems[:10])
+    return echo_totals(samples, lambda name, own: name + (f"[{','.join(own.values())}]" if own else ""))
 
 
 def pytest_configure(config):
