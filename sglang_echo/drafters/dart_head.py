@@ -42,7 +42,8 @@ from torch import Tensor, nn
 
 from .checkpoint import read_config, read_weights
 from .eagle3_head import ARCHITECTURE as EAGLE3_ARCHITECTURE
-from .eagle3_head import Eagle3Config, Eagle3Head, rope
+from .eagle3_head import Eagle3Config, Eagle3Head
+from .rotary import rope
 
 ARCHITECTURE = "LlamaForCausalLMDart"
 MASK_KEY = "midlayer.mask_rep"
@@ -118,8 +119,8 @@ class DartHead(Eagle3Head):
             return t.view(*lead, T, n, c.head_dim).transpose(-2, -3)
 
         pos = positions.unsqueeze(-2)  # broadcast over heads
-        q = rope(heads(self.q_proj(x), c.num_attention_heads), pos, c.rope_theta)
-        k = rope(heads(self.k_proj(x), c.num_key_value_heads), pos, c.rope_theta)
+        q = rope(heads(self.q_proj(x), c.num_attention_heads), pos, c)
+        k = rope(heads(self.k_proj(x), c.num_key_value_heads), pos, c)
         return q, k, heads(self.v_proj(x), c.num_key_value_heads)
 
     @torch.no_grad()

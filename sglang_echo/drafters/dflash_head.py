@@ -41,12 +41,12 @@ mask token's embedding is the target's row ``mask_token_id`` (no trained mask ve
 ``mask_embedding.pt`` is needed by sglang). Not supported: DFlash2's candidate selector and grouped
 convolutions, sliding-window layers, Domino projectors.
 
-The attention, RMSNorm and RoPE building blocks are :mod:`.eagle3_head`'s.
+RMSNorm is :mod:`.eagle3_head`'s; RoPE is :mod:`.rotary`'s (transformers' frequencies, scaling included).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -55,7 +55,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .checkpoint import read_config, read_weights, write_checkpoint
-from .eagle3_head import RMSNorm, rope
+from .eagle3_head import RMSNorm
+from .rotary import read_rope, rope
 
 ARCHITECTURE = "DFlashDraftModel"
 DEFAULT_MASK_TOKEN = "<|MASK|>"  # z-lab / sglang's default mask token string
@@ -90,6 +91,8 @@ class DFlashConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 8192
+    # transformers' rope parameters when the RoPE is scaled (llama3, yarn ...), None for plain RoPE.
+    rope_scaling: Optional[dict] = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if self.block_size < 2:
@@ -114,12 +117,14 @@ class DFlashConfig:
                    mask_token: Optional[str] = None) -> DFlashConfig:
         """A head whose layer geometry mirrors the target's (DFlash's released drafts do the same)."""
         L, nh = target_cfg["num_hidden_layers"], target_cfg["num_attention_heads"]
-        rope_theta = (target_cfg.get("rope_parameters") or {}).get("rope_theta", target_cfg.get("rope_theta", 10000.0))
+        head_dim = target_cfg.get("head_dim") or target_cfg["hidden_size"] // nh
+        max_pos = target_cfg.get("max_position_embeddings", 8192)
+        rope_theta, rope_scaling = read_rope(target_cfg, head_dim, max_pos)
         return cls(
             hidden_size=target_cfg["hidden_size"],
             num_attention_heads=nh,
             num_key_value_heads=target_cfg.get("num_key_value_heads", nh),
-            head_dim=target_cfg.get("head_dim") or target_cfg["hidden_size"] // nh,
+            head_dim=head_dim,
             intermediate_size=target_cfg["intermediate_size"],
             vocab_size=target_cfg["vocab_size"],
             num_hidden_layers=num_hidden_layers,
@@ -129,8 +134,9 @@ class DFlashConfig:
             mask_token_id=mask_token_id,
             mask_token=mask_token,
             rms_norm_eps=target_cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
-            max_position_embeddings=target_cfg.get("max_position_embeddings", 8192),
+            rope_theta=rope_theta,
+            max_position_embeddings=max_pos,
+            rope_scaling=rope_scaling,
         )
 
     def to_hf(self, extra: Optional[dict] = None) -> dict:
@@ -150,7 +156,7 @@ class DFlashConfig:
             "vocab_size": self.vocab_size,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "rope_parameters": {"rope_theta": self.rope_theta, **(self.rope_scaling or {"rope_type": "default"})},
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
             "attention_bias": False,
@@ -192,12 +198,14 @@ class DFlashConfig:
         if mask_id is None:
             raise ValueError("DFlash config.json has no mask_token_id")
         nh = cfg["num_attention_heads"]
-        rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // nh
+        max_pos = cfg.get("max_position_embeddings", 8192)
+        rope_theta, rope_scaling = read_rope(cfg, head_dim, max_pos)
         return cls(
             hidden_size=cfg["hidden_size"],
             num_attention_heads=nh,
             num_key_value_heads=cfg.get("num_key_value_heads", nh),
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // nh,
+            head_dim=head_dim,
             intermediate_size=cfg["intermediate_size"],
             vocab_size=cfg["vocab_size"],
             num_hidden_layers=n_layers,
@@ -207,8 +215,9 @@ class DFlashConfig:
             mask_token_id=int(mask_id),
             mask_token=get("mask_token"),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
-            max_position_embeddings=cfg.get("max_position_embeddings", 8192),
+            rope_theta=rope_theta,
+            max_position_embeddings=max_pos,
+            rope_scaling=rope_scaling,
         )
 
 
@@ -297,7 +306,7 @@ class DFlashHead(nn.Module):
             a = layer.self_attn
             k = self._heads(a.k_norm(a.k_proj(ctx).view(*ctx.shape[:-1], c.num_key_value_heads, c.head_dim)).flatten(-2),
                             c.num_key_value_heads)
-            out.append((rope(k, pos, c.rope_theta), self._heads(a.v_proj(ctx), c.num_key_value_heads)))
+            out.append((rope(k, pos, c), self._heads(a.v_proj(ctx), c.num_key_value_heads)))
         return out
 
     def block_tokens(self, anchors: Tensor) -> Tensor:
@@ -324,8 +333,8 @@ class DFlashHead(nn.Module):
             x = layer.input_layernorm(h)
             q = a.q_norm(a.q_proj(x).view(*x.shape[:-1], c.num_attention_heads, c.head_dim)).flatten(-2)
             k = a.k_norm(a.k_proj(x).view(*x.shape[:-1], c.num_key_value_heads, c.head_dim)).flatten(-2)
-            q = rope(self._heads(q, c.num_attention_heads), pos, c.rope_theta)
-            k = rope(self._heads(k, c.num_key_value_heads), pos, c.rope_theta)
+            q = rope(self._heads(q, c.num_attention_heads), pos, c)
+            k = rope(self._heads(k, c.num_key_value_heads), pos, c)
             v = self._heads(a.v_proj(x), c.num_key_value_heads)
             if group is None:
                 attn = F.scaled_dot_product_attention(q, torch.cat([kc, k], 2), torch.cat([vc, v], 2), attn_mask=mask,

@@ -22,14 +22,16 @@ trainer's training-time-test mask and the drafter's tree-shaped KV both sit betw
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .checkpoint import read_config, read_weights, write_checkpoint
+from .rotary import read_rope, rope
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # Module names here -> names in the SpecForge / sglang checkpoint (everything else is the same).
@@ -54,30 +56,37 @@ class Eagle3Config:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     max_position_embeddings: int = 8192
+    # transformers' rope parameters when the RoPE is scaled (Llama-3.1's llama3 ...), None for plain RoPE.
+    rope_scaling: Optional[dict] = field(default=None, hash=False)
 
     @classmethod
     def for_target(cls, target_cfg: dict, draft_vocab_size: int, aux_layer_ids: tuple[int, ...] | None = None) -> Eagle3Config:
         """The head's geometry mirrors the target's (sglang's default for EAGLE-3 heads)."""
         L, nh = target_cfg["num_hidden_layers"], target_cfg["num_attention_heads"]
-        rope = (target_cfg.get("rope_parameters") or {}).get("rope_theta", target_cfg.get("rope_theta", 10000.0))
+        head_dim = target_cfg.get("head_dim") or target_cfg["hidden_size"] // nh
+        max_pos = target_cfg.get("max_position_embeddings", 8192)
+        theta, scaling = read_rope(target_cfg, head_dim, max_pos)
         return cls(
             hidden_size=target_cfg["hidden_size"],
             num_attention_heads=nh,
             num_key_value_heads=target_cfg.get("num_key_value_heads", nh),
-            head_dim=target_cfg.get("head_dim", target_cfg["hidden_size"] // nh),
+            head_dim=head_dim,
             intermediate_size=target_cfg["intermediate_size"],
             vocab_size=target_cfg["vocab_size"],
             draft_vocab_size=draft_vocab_size,
             # sglang's default capture (EAGLEWorker): inputs of layers 2, L/2 and L-3.
             aux_layer_ids=tuple(aux_layer_ids or (2, L // 2, L - 3)),
             rms_norm_eps=target_cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=float(rope),
-            max_position_embeddings=target_cfg.get("max_position_embeddings", 8192),
+            rope_theta=theta,
+            max_position_embeddings=max_pos,
+            rope_scaling=scaling,
         )
 
     def to_hf(self, extra: dict | None = None) -> dict:
         """``config.json`` as sglang's ``LlamaForCausalLMEagle3`` reads it."""
         d = asdict(self)
+        if d["rope_scaling"] is None:  # written only when scaled: plain heads keep SpecForge's exact keys
+            del d["rope_scaling"]
         # sglang's ids name the layer whose *output* is captured (it captures the input of id + 1,
         # ``set_eagle3_layers_to_capture``); ours name the layer whose input is captured.
         layers = [i - 1 for i in d.pop("aux_layer_ids")]
@@ -106,18 +115,22 @@ class Eagle3Config:
             L = num_target_layers
             layers = (2, L // 2, L - 3)
         nh = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // nh
+        max_pos = cfg.get("max_position_embeddings", 8192)
+        theta, scaling = read_rope(cfg, head_dim, max_pos)
         return cls(
             hidden_size=cfg["hidden_size"],
             num_attention_heads=nh,
             num_key_value_heads=cfg.get("num_key_value_heads", nh),
-            head_dim=cfg.get("head_dim", cfg["hidden_size"] // nh),
+            head_dim=head_dim,
             intermediate_size=cfg["intermediate_size"],
             vocab_size=cfg["vocab_size"],
             draft_vocab_size=cfg.get("draft_vocab_size", cfg["vocab_size"]),
             aux_layer_ids=tuple(layers),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            max_position_embeddings=cfg.get("max_position_embeddings", 8192),
+            rope_theta=theta,
+            max_position_embeddings=max_pos,
+            rope_scaling=scaling,
         )
 
 
@@ -130,16 +143,6 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
-
-
-def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
-    """Neox-style rotary embedding (sglang's Llama and HF's ``rotate_half``); x [..., T, D]."""
-    D = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
-    ang = positions.float()[..., None] * inv  # [..., T, D/2]
-    cos, sin = ang.cos(), ang.sin()
-    x1, x2 = x[..., : D // 2].float(), x[..., D // 2 :].float()
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)
 
 
 @dataclass
@@ -191,7 +194,7 @@ class Eagle3Head(nn.Module):
         k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         pos = positions[:, None, :]
-        return Projected(rope(q, pos, c.rope_theta), rope(k, pos, c.rope_theta), v, hidden)
+        return Projected(rope(q, pos, c), rope(k, pos, c), v, hidden)
 
     def finish(self, attn: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
         """attn [B, heads, T, D] -> (draft-vocab logits [B, T, Vd], next hidden [B, T, H])."""

@@ -21,6 +21,7 @@ import json
 import shutil
 from pathlib import Path
 
+from ..drafters.checkpoint import CheckpointError, find_weights
 from ..drafters.dart_head import TRIE_FILE
 from .cache import atomic_dir, is_fresh, locked, models_dir
 from .tiny import copy_tokenizer
@@ -32,16 +33,27 @@ SMOLLM2_DFLASH = ASSETS / "dflash-smollm2-135m-instruct"
 # The head each drafter serves SmolLM2 with when none is given (make serve, echo-calibrate, echo-bench).
 SHIPPED = {"eagle3": SMOLLM2_EAGLE3, "dart": SMOLLM2_DART, "dflash": SMOLLM2_DFLASH}
 DRAFTER_NAMES = {"eagle3": "EAGLE-3", "dart": "DART", "dflash": "DFlash", "ngram": "n-gram"}
-HEAD_FILES = ("config.json", "model.safetensors")
 OPTIONAL_FILES = (TRIE_FILE,)  # DART's n-gram trie, read next to its head
 
 
 class DraftMismatch(ValueError):
-    """The shipped head was trained for a different target."""
+    """The head cannot draft for this target: it is no head folder, or was trained for another target."""
+
+
+def head_files(head_dir: Path) -> tuple[str, ...]:
+    """The files that make up the head folder ``head_dir``, relative to it: ``config.json``, its
+    weights in whichever layout they are (``drafters.checkpoint.find_weights``) and DART's trie."""
+    try:
+        weights = find_weights(head_dir)
+    except CheckpointError as e:
+        raise DraftMismatch(str(e)) from None
+    names = tuple(str(p.relative_to(head_dir)) for p in weights.paths)
+    return ("config.json",) + names + tuple(f for f in OPTIONAL_FILES if (head_dir / f).is_file())
 
 
 def check_head_for(target_dir: Path, head_dir: Path) -> None:
-    """A head must draft in the target's vocabulary and read its hidden size (DraftMismatch)."""
+    """A head folder (config.json and weights) that drafts in the target's vocabulary and reads
+    its hidden size (DraftMismatch)."""
     if not (head_dir / "config.json").is_file():
         raise DraftMismatch(f"{head_dir}: no config.json there")
     tcfg = json.loads((target_dir / "config.json").read_text())
@@ -50,6 +62,7 @@ def check_head_for(target_dir: Path, head_dir: Path) -> None:
         if tcfg.get(key) != hcfg.get(key):
             raise DraftMismatch(f"{head_dir.name} was trained for a target with {key}={hcfg.get(key)}, "
                                 f"{target_dir} has {tcfg.get(key)}: pass a draft head for this target")
+    head_files(head_dir)  # and its weights are there, in a layout the heads read
 
 
 def stage_head(target_dir: Path, head_dir: Path = SMOLLM2_EAGLE3) -> Path:
@@ -58,7 +71,7 @@ def stage_head(target_dir: Path, head_dir: Path = SMOLLM2_EAGLE3) -> Path:
     target_dir, head_dir = Path(target_dir), Path(head_dir)
     check_head_for(target_dir, head_dir)
     out = models_dir() / f"{target_dir.name}-{head_dir.name}"
-    files = HEAD_FILES + tuple(f for f in OPTIONAL_FILES if (head_dir / f).is_file())
+    files = head_files(head_dir)
     # By content, not size: a retrained head has the same sizes as the one staged before it.
     fp = json.dumps({"head": {f: hashlib.sha256((head_dir / f).read_bytes()).hexdigest() for f in files},
                      "target": str(target_dir)})
