@@ -43,6 +43,8 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var(PREFIX + "TIMING_SYNC", "1: synchronise CUDA at every step-timing boundary (ECHO workers)"),
     Var(PREFIX + "REQUEST_DEPTH", "0: no per-request echo_tree_depth in meta_info"),
     Var(PREFIX + "FAULT_INJECT", "raise:N / garbage:N: make the drafter fail in drafting step N (fault drills, tests)"),
+    Var(PREFIX + "SIMULATE", "simulated acceptance: an echo-replay trace stem; ECHO drafts the trace's candidates "
+        "and the target's greedy tokens are the trace's (integration/simulate.py; figures say 'simulated')"),
     Var(PREFIX + "PROBE_OUT", "calibration probe: append each step's confidences and outcomes to this file"),
     Var(PREFIX + "STEP_TIMES", "1: log the scheduler's step time per kind and batch size (CPU platform)"),
     Var(PREFIX + "SPAWN", "1: spawn sglang's children instead of forking them (CPU platform)"),

@@ -1,5 +1,6 @@
 """sglang general plugin: registers ``--speculative-algorithm ECHO`` (and its ragged-verify hook on
-``ModelRunner.forward``) and the ``echo_tree_triton`` attention backend (Triton tree verify, GPU).
+``ModelRunner.forward``) and the ``echo_tree_triton`` attention backend (Triton tree verify, GPU);
+with ``SGLANG_ECHO_SIMULATE`` set, also simulated acceptance's hooks (``integration/simulate.py``).
 
 Entry point ``sglang.srt.plugins: echo = "sglang_echo.plugin:register"``. sglang calls it (via
 ``load_plugins()``) in the main process before parsing args and again in every spawned
@@ -69,4 +70,8 @@ def register() -> None:
     from sglang_echo.integration.dflash import RESOLVER, resolve_capture_layers
 
     HookRegistry.register(RESOLVER, resolve_capture_layers, HookType.AROUND)
+    # SGLANG_ECHO_SIMULATE only (integration/simulate.py): the target's tokens come from a recorded trace.
+    from sglang_echo.integration import simulate
+
+    simulate.register(HookRegistry, HookType.AROUND)
     log.debug("ECHO speculative algorithm registered")

@@ -6,6 +6,7 @@ One contract, several implementations (see :mod:`.metadata` for the layout):
 * :mod:`.triton_kernel`: Triton, split-K over the prefix, GQA-shared K/V loads, bit-packed mask;
 * :mod:`.flashinfer_path`: FlashInfer paged prefill with a custom mask (when installed);
 * :mod:`.graph_buffers`: token buckets and static buffers for CUDA-graph capture.
+* :mod:`.ragged_tier`: ECHO's compact verify padded to a CUDA-graph token tier (torch only).
 
 Only the torch-only modules are re-exported; import the Triton module explicitly (it reads
 ``TRITON_INTERPRET`` at import time).

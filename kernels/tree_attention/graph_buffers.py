@@ -22,6 +22,9 @@ write of padding tokens lands in a dummy slot, and their positions are 0.
 
 All buffer filling in :meth:`TreeVerifyGraphBuffers.load` uses host values known without a sync
 (tensor shapes) and device copies, so it can run either before replay or inside the graph.
+:meth:`TreeVerifyGraphBuffers.load_tier` fills the same buffers for a forward that is already
+laid out ``T`` lanes wide (sglang's ragged-verify graphs, :mod:`.ragged_tier`): its request count
+comes from the tier and the runner's request slots, never from the step's ``N``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import torch
 from torch import Tensor
 
 from .metadata import TreeAttentionPlan, block_capacity, build_block_table
+from .ragged_tier import RaggedTreeMetadata, tier_metadata
 
 DEFAULT_TOKEN_BUCKETS: tuple[int, ...] = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
                                           1536, 2048, 3072, 4096)
@@ -109,14 +113,19 @@ class TreeVerifyGraphBuffers:
                 return b
         raise ValueError(f"{num_tokens} verify tokens exceed the largest bucket {self.buckets[-1]}")
 
-    def requests_for(self, bucket: int) -> int:
-        """Request slots of a bucket's graph: real ones plus room for all-padding steps."""
-        return self.max_batch + -(-bucket // self.pad_chunk)
+    def requests_for(self, bucket: int, slots: Optional[int] = None) -> int:
+        """Request slots of a bucket's graph: real ones (``max_batch``, or ``slots``) plus room for
+        all-padding steps."""
+        return (self.max_batch if slots is None else slots) + -(-bucket // self.pad_chunk)
 
-    def view(self, bucket: int) -> BucketView:
-        r = self.requests_for(bucket)
+    def view(self, bucket: int, slots: Optional[int] = None) -> BucketView:
+        if slots is not None and slots > self.max_batch:
+            raise ValueError(f"{slots} request slots exceed max_batch {self.max_batch}")
+        if bucket > self.buckets[-1]:
+            raise ValueError(f"tier {bucket} exceeds the largest bucket {self.buckets[-1]}")
+        r = self.requests_for(bucket, slots)
         cap = block_capacity(bucket, r, self.block_m)
-        splits = self.num_splits[bucket]
+        splits = self.num_splits.get(bucket, 1)
         ws = None
         if splits > 1 and self.workspace is not None:
             ws = (self.workspace[0][:splits, :bucket], self.workspace[1][:splits, :bucket])
@@ -167,3 +176,17 @@ class TreeVerifyGraphBuffers:
         v.positions[n:].zero_()
         build_block_table(v.qo_indptr, bucket, self.block_m, out=(v.plan.block_req, v.plan.block_start))
         return v
+
+    def load_tier(self, tier: int, slots: int, lens: Tensor, width: int, tree_rows: Optional[Tensor],
+                  kv_indices: Tensor) -> RaggedTreeMetadata:
+        """One compact forward's metadata in the static views of ``(tier, slots)`` (see
+        :func:`.ragged_tier.tier_metadata`); sync-free, so it can run before every replay.
+
+        The caller fills ``self.view(tier, slots).kv_indptr[:slots + 1]`` (the request slots'
+        prefix offsets) first; ``kv_indices`` are read through it, not copied."""
+        if -(-width // 32) > self.words:
+            raise ValueError(f"trees {width} wide exceed the buffers' {self.max_width}")
+        v = self.view(tier, slots)
+        return tier_metadata(lens, width, tier, slots, tree_rows, v.kv_indptr, kv_indices, block_m=self.block_m,
+                             pad_chunk=self.pad_chunk, num_splits=v.plan.num_splits, qo_indptr=v.qo_indptr,
+                             packed_mask=v.packed_mask, blocks=(v.plan.block_req, v.plan.block_start))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import multiprocessing
 from dataclasses import dataclass
 from typing import Optional
 
@@ -40,6 +41,9 @@ class Hook:
     # absent (a CPU box outside the echo CPU engine) the row cannot be checked and is skipped;
     # the scheduler, where the worker runs, always has them (the CPU engine shims them).
     kernels: bool = False
+    # The row is sglang's HTTP server, hooked only where it runs (serves_http): the
+    # processes sglang spawns skip the row rather than import the server (about 1 s each).
+    http: bool = False
 
 
 _SI = "sglang.srt.speculative.spec_info"
@@ -49,6 +53,10 @@ _EC = "sglang.srt.speculative.eagle_worker_common"
 _NW = "sglang.srt.speculative.ngram_worker"
 _RC = "sglang.srt.runtime_context"
 _EU = "sglang.srt.speculative.eagle_utils"
+_TM = "sglang.srt.managers.tokenizer_manager"
+_IO = "sglang.srt.managers.io_struct"
+_XG = "sglang.srt.constrained.xgrammar_backend"
+_CG = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 
 HOOKS: tuple[Hook, ...] = (
     # -- registration (plugin.register, spec.EchoSpecAlgo) ---------------------------------
@@ -60,7 +68,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(_SR, "CustomSpecAlgo.handle_server_args", ("self", "server_args"), "EchoSpecAlgo.handle_server_args override", "register"),
     Hook(_SR, "CustomSpecAlgo.create_worker", ("self", "server_args"), "calls our factory", "register"),
     Hook(_SR, "get_spec", ("name",), "idempotent registration", "register"),
-    # Methods the enum has and CustomSpecAlgo lacks; EchoSpecAlgo mirrors them (memo 1.2).
+    # Methods the enum has and CustomSpecAlgo lacks; EchoSpecAlgo mirrors them.
     Hook(_SI, "SpeculativeAlgorithm.create_future_map",
          ("self", "device", "req_to_token_pool", "needs_cpu_seq_lens", "needs_confidence_relay"),
          "EchoSpecAlgo.create_future_map mirrors it", "register"),
@@ -179,6 +187,60 @@ HOOKS: tuple[Hook, ...] = (
          "AROUND hook: a marked TARGET_VERIFY batch runs on its real tree nodes only"),
     Hook("sglang.srt.model_executor.forward_batch_info", "ForwardBatch",
          None, "input_ids / positions / out_cache_loc per token, batch_size, spec_info"),
+    Hook(_SR, "CustomSpecAlgo.supports_ragged_verify", ("self",),
+         "EchoSpecAlgo overrides it: compact token-tier verify graphs for echo_tree_triton", "register"),
+    Hook(_CG, "ragged_verify_compact_graphs_enabled", ("spec_algorithm",), "echo_tree_triton: ragged graphs on"),
+    Hook(_CG, "DecodeCudaGraphRunner.ragged_verify_mode", None, "the target captured token tiers (graph_tier)"),
+    Hook(_CG, "DecodeCudaGraphRunner.capture_num_tokens", None, "the token tiers a ragged verify pads up to"),
+    Hook(_CG, "DecodeCudaGraphRunner.max_bs", None, "request slots of a tier"),
+    Hook(_CG, "DecodeCudaGraphRunner._ragged_capture_slots", ("self", "num_tokens"),
+         "a tier's request slots: graph_tier admits what load_batch accepts"),
+    Hook("sglang.srt.speculative.ragged_verify", "round_up_grid", ("total", "grid"), "a ragged verify's tier"),
+    Hook("sglang.srt.speculative.ragged_verify", "RaggedVerifyLayout.from_verify_lens_device",
+         ("verify_lens", "graph_num_tokens"), "the layout a compact verify batch carries into the graph runner"),
+    Hook("sglang.srt.arg_groups.model_override_base", "attention_backends_of", ("cfg",),
+         "EchoSpecAlgo.supports_ragged_verify: the decode attention backend"),
+    Hook(_RC, "get_server_args", (), "EchoSpecAlgo.supports_ragged_verify: the server's arguments"),
+    # -- simulated acceptance (integration/simulate.py; registered by plugin.register under SGLANG_ECHO_SIMULATE) --
+    Hook(_EU, "eagle_sample", ("verify_input", "batch", "logits_output"),
+         "AROUND hook (simulate): the trace's next token wins each verified node's row of next_token_logits [B*W, V]"),
+    Hook("sglang.srt.managers.tp_worker", "TpModelWorker.forward_batch_generation",
+         ("self", "batch", "forward_batch", "pp_proxy_tensors", "is_verify"),
+         "AROUND hook (simulate): a target extend's next_token_ids, the trace's (verify passes batch=None)"),
+    Hook("sglang.srt.managers.tp_worker", "TpModelWorker.is_draft_worker", None, "simulate: the target's extends only"),
+    Hook("sglang.srt.managers.utils", "GenerationBatchResult.next_token_ids", None, "simulate: the prefill's tokens"),
+    Hook("sglang.srt.managers.schedule_batch", "ScheduleBatch.seq_lens", None,
+         "simulate: [B] tokens before the step's (the root's position; after an extend, its length)"),
+    Hook("sglang.srt.managers.schedule_batch", "Req.origin_input_ids", None, "simulate: a request's trace stream"),
+    # -- the request guard (integration/request_guard.py; registered by plugin.register, every server) --
+    Hook(_TM, "TokenizerManager._validate_one_request", ("self", "obj", "input_ids"),
+         "BEFORE hook: each split, tokenized request checked against the model (ids, sampling, logprobs)", "register"),
+    Hook(_TM, "TokenizerManager.init_model_config", ("self",), "sets the guard's model_config, context_len",
+         "register"),
+    Hook("sglang.srt.configs.model_config", "ModelConfig._derive_model_shapes", ("self",),
+         "sets the vocab_size / hidden_size the guard reads", "register"),
+    Hook(_IO, "GenerateReqInput.normalize_batch_and_arguments", ("self",),
+         "BEFORE hook: the guard bounds n before sglang expands the request by it", "register"),
+    Hook(_IO, "GenerateReqInput.contains_mm_input", ("self",), "the guard skips processor placeholder ids", "register"),
+    Hook(_IO, "GenerateReqInput.top_logprobs_num", None, "checked by the guard", "register"),
+    Hook(_IO, "GenerateReqInput.logprob_start_len", None, "checked by the guard", "register"),
+    Hook(_IO, "GenerateReqInput.positional_embed_overrides", None, "checked by the guard", "register"),
+    Hook("sglang.srt.managers.embed_types", "PositionalEmbeds.positions", None, "checked by the guard", "register"),
+    Hook(_IO, "SessionParams.__struct_fields__", None, "the guard checks session_params fields and types", "register"),
+    Hook(_XG, "XGrammarGrammarBackend._from_context", ("self", "ctx", "key_string", "grammar_stats"),
+         "AROUND hook: a grammar that admits no output becomes an InvalidGrammarObject (a 400)", "register"),
+    Hook(_XG, "XGrammarGrammarBackend.vocab_size", None, "the guard's first-token mask width", "register"),
+    Hook(_XG, "XGrammarGrammar.allocate_vocab_mask", ("self", "vocab_size", "batch_size", "device"),
+         "the guard's first-token mask", "register"),
+    Hook(_XG, "XGrammarGrammar.fill_vocab_mask", ("self", "vocab_mask", "idx"), "the guard's first-token mask",
+         "register"),
+    Hook(_XG, "XGrammarGrammar.is_terminated", ("self",), "an empty mask is fine where the grammar may end",
+         "register"),
+    Hook("sglang.srt.constrained.base_grammar_backend", "InvalidGrammarObject", ("error_message",),
+         "what the guard returns for a grammar that admits no output (sglang answers it with a 400)", "register"),
+    Hook("sglang.srt.entrypoints.http_server", "ORJSONRequest.json", ("self",),
+         "AROUND hook: a /v1/ body that is not a JSON object is a JSON error (a 400), not a 500", "register",
+         http=True),
     # -- the CPU platform's start-up (sglang_echo.platform.fork_children) ------------------------
     Hook("sglang.srt.entrypoints.engine", "_set_envs_and_config", ("server_args",),
          "AROUND hook on CPU: sets the fork start method after sglang sets spawn"),
@@ -220,11 +282,18 @@ def _check_instance_attr(cls: type, name: str) -> None:
     raise AttributeError(f"{cls.__name__} instances no longer carry {name!r}")
 
 
+def serves_http() -> bool:
+    """True in the process sglang was launched in (its HTTP server's), False in those it spawns."""
+    return multiprocessing.parent_process() is None
+
+
 def check_hooks(phase: Optional[str] = None) -> list[str]:
     """Problems found (empty = compatible). ``phase`` selects "register" or "worker" rows."""
     problems = []
     for h in HOOKS:
         if phase is not None and h.phase != phase:
+            continue
+        if h.http and not serves_http():
             continue
         where = f"{h.module}:{h.attr} ({h.why})"
         try:

@@ -86,6 +86,21 @@ class EchoSpecAlgo(CustomSpecAlgo):
 
         return EchoNgramWorker
 
+    def supports_ragged_verify(self) -> bool:
+        """sglang's compact ragged-verify CUDA graphs for the target (with
+        ``SGLANG_RAGGED_VERIFY_MODE=compact``): asked when the target's decode graph runner (and
+        its attention backend) is built; see :func:`.ragged.wants_ragged_graphs`."""
+        from sglang.srt.arg_groups.model_override_base import attention_backends_of
+        from sglang.srt.runtime_context import get_server_args
+
+        from .ragged import wants_ragged_graphs
+
+        try:
+            sa = get_server_args()
+        except ValueError:  # no server in this process (a tool, a test)
+            return False
+        return wants_ragged_graphs(_echo_config(sa).verify, self.drafter, sa.device, attention_backends_of(sa)[1])
+
     def handle_server_args(self, server_args) -> None:
         handle_server_args(server_args)
 
@@ -167,4 +182,10 @@ def handle_server_args(sa) -> None:
     sa.speculative_num_steps = cfg.max_depth
     sa.speculative_eagle_topk = cfg.sglang_topk
     sa.speculative_num_draft_tokens = cfg.resolved_width()
+    from sglang_echo.kernels.registration import BACKEND_NAME
+
+    if BACKEND_NAME in (sa.attention_backend, sa.decode_attention_backend) and not sa.speculative_draft_attention_backend:
+        # sglang's draft backend factory knows no echo_tree_triton (it would fall back to FlashInfer);
+        # the draft model's decode and extend are plain attention: sglang's Triton backend runs them.
+        sa.speculative_draft_attention_backend = "triton"
     log.info("ECHO: %s", cfg.describe())

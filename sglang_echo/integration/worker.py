@@ -53,13 +53,14 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 from sglang_echo.calibration.probe import ProbeRecorder
 
 from .config import (EchoConfig, check_consistent, configured_drafter, load_calibration_for, load_config,
-                     make_echo_policy, make_step_budget, server_kmax)
+                     make_echo_policy, make_step_budget, resolve_control_kernel, server_kmax)
 from .drafter import EagleFrontierDrafter
 from .faults import DraftGuard
 from .lazy_extend import DraftBacklog, catch_up, defer_extend, pool_slots, root_positions
 from .metrics import AcceptanceObservers, EchoMetrics, TimedDrafter, _noop, timing_sync
 from .padded import plain_dense, step_width, to_sglang_dense
-from .ragged import MARK, resolve_verify_mode, target_tokens
+from .ragged import mark_verify, resolve_verify_mode, target_tokens
+from .simulate import simulated, start as start_simulation
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class EchoDraftWorker(EagleDraftWorker):
     echo_policy = None
     echo_width: int = 0
     echo_ragged: bool = False
+    echo_ragged_graphs: bool = False  # the target replays ragged verify as token-tier CUDA graphs
     echo_step: EchoStepState
     echo_probe: Optional[ProbeRecorder] = None
     echo_sync = staticmethod(_noop)  # .metrics.timing_sync(device), set by EchoWorker
@@ -188,8 +190,8 @@ class EchoDraftWorker(EagleDraftWorker):
         dense = (plain_dense(roots, batch.seq_lens, full_mask) if trees is None
                  else to_sglang_dense(trees, batch.seq_lens, width, full_mask=full_mask))
         verify_input = self._verify_input(dense, width, verify_mask, bs, kv_loc_plan)
-        if self.echo_ragged and int(st.sizes.min()) < width:  # all K_i == W_s: dense is ragged
-            setattr(verify_input, MARK, st.sizes)
+        if self.echo_ragged:  # see .ragged.mark_verify
+            mark_verify(verify_input, st.sizes, st.verified, width, always=self.echo_ragged_graphs)
         self.echo_sync()
         t_end = time.perf_counter()
         st.control_s = (t_pack - t_build - propose_s) + (t_end - t_pack)
@@ -229,7 +231,7 @@ class EchoDraftWorker(EagleDraftWorker):
             self.draft_attn_backend.init_forward_metadata(forward_batch)
             forward_batch.mark_forward_metadata_ready()
         out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc, bs, self.topk, steps)
-        return EagleFrontierDrafter(self, forward_batch, draft_input, out_cache_loc)
+        return simulated(EagleFrontierDrafter(self, forward_batch, draft_input, out_cache_loc), batch, roots)
 
     def _verify_mask(self):
         """The target backend's preallocated verify mask (None: none) and whether the layout is FULL_MASK."""
@@ -242,9 +244,7 @@ class EchoDraftWorker(EagleDraftWorker):
     def _verify_input(self, dense, width: int, verify_mask, bs: int, kv_loc_plan) -> EchoVerifyInput:
         """sglang's verify input for the packed trees (the mask copied into a preallocated buffer)."""
         custom_mask = dense.custom_mask
-        if verify_mask is not None and verify_mask.fits(bs):
-            if verify_mask.mode != TreeMaskMode.QLEN_ONLY:
-                raise NotImplementedError("ECHO: preallocated FULL_MASK verify buffers (CUDA graphs) are not supported yet")
+        if verify_mask is not None and verify_mask.fits(bs):  # QLEN_ONLY, or FULL_MASK (padded, CUDA graphs)
             buf = verify_mask.buffer.view(-1)[: custom_mask.numel()]
             buf.copy_(custom_mask.to(buf.dtype))
             custom_mask = buf
@@ -357,7 +357,7 @@ class EchoDraftWorker(EagleDraftWorker):
 class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
     """``EAGLEWorkerV2`` running ECHO (or any core policy), ragged or padded-dense verify."""
 
-    echo_budget = None  # budget cost: set by init_attention_backends (ragged or padded decides the cost)
+    echo_budget = None  # budget cost: set by init_cuda_graphs (ragged or padded decides the cost)
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         if configured_drafter() == "dart":  # before the draft model is loaded
@@ -374,11 +374,11 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
         calib = load_calibration_for(
             cfg, model_path=server_args.model_path, draft_path=server_args.speculative_draft_model_path
         )
-        self.echo_cfg = cfg
+        self.echo_cfg = cfg = resolve_control_kernel(cfg, self.device)
         self.echo_kmax = server_kmax(cfg, calib, self.device)
         self.echo_policy = make_echo_policy(cfg, calib, self.echo_kmax)
         self.echo_width = cfg.resolved_width()
-        self.echo_verify = "padded"  # until init_attention_backends: the target's backend decides
+        self.echo_verify = "padded"  # until init_cuda_graphs: the target's backend and graphs decide
         self.echo_probe = ProbeRecorder.from_env(self.device)
         dw = self._draft_worker
         if dw is not None:
@@ -402,6 +402,7 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
             dw.echo_metrics, dw.echo_sync = self.echo_metrics, self.echo_sync
             dw.echo_guard = DraftGuard(self.target_worker.model_runner.model_config.vocab_size,
                                        self.echo_metrics.draft_fault)
+        start_simulation(cfg.drafter, self.target_worker.model_runner.model_config.vocab_size, self.device)
         log.info("ECHO worker: policy %s (%s)", self.echo_policy.name, cfg.describe())
 
     @staticmethod
@@ -431,9 +432,22 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
         vocab = self.target_worker.model_runner.model_config.vocab_size
         return make_dart_search(server_args.speculative_draft_model_path, vocab, cfg.dart_ngram, self.device)
 
-    def init_attention_backends(self):
-        super().init_attention_backends()
-        self.echo_verify = resolve_verify_mode(self.echo_cfg.verify, self.target_worker.model_runner.attn_backend)
+    def init_cuda_graphs(self):
+        super().init_cuda_graphs()
+        self._init_verify()
+        dw = self._draft_worker
+        if dw is not None:  # a graph captured for W replays W-wide steps only
+            dw.echo_step_width = (self.echo_verify == "ragged"
+                                  and self.target_worker.model_runner.decode_cuda_graph_runner is None
+                                  and dw.cuda_graph_runner_for_draft_extend is None)
+            log.info("ECHO worker: verify width %s", "per step (max K_i)" if dw.echo_step_width else f"{self.echo_width}")
+
+    def _init_verify(self):
+        """Ragged or padded verify (.ragged.resolve_verify_mode), once the target's backend and its
+        CUDA graphs exist: the scheduler captures the target's graphs after every backend is built."""
+        target = self.target_worker.model_runner
+        graphs = target.decode_cuda_graph_runner
+        self.echo_verify = resolve_verify_mode(self.echo_cfg.verify, target.attn_backend, graphs)
         ragged = self.echo_verify == "ragged"
         self.echo_budget = make_step_budget(self.echo_cfg, self.echo_policy, None if ragged else self.echo_width,
                                             self.echo_kmax)
@@ -442,16 +456,10 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
         if self._draft_worker is not None:
             dw = self._draft_worker
             dw.echo_ragged, dw.echo_budget, dw.echo_sync = ragged, self.echo_budget, self.echo_sync
+            dw.echo_ragged_graphs = ragged and graphs is not None
+            if ragged:  # a ragged forward reads each request's W x W tree block, never a FULL_MASK row
+                dw.tree_mask_mode = TreeMaskMode.QLEN_ONLY
         log.info("ECHO worker: %s verify, %s budget", self.echo_verify, self.echo_cfg.budget)
-
-    def init_cuda_graphs(self):
-        super().init_cuda_graphs()
-        dw = self._draft_worker
-        if dw is not None:  # a graph captured for W replays W-wide steps only
-            dw.echo_step_width = (self.echo_verify == "ragged"
-                                  and self.target_worker.model_runner.decode_cuda_graph_runner is None
-                                  and dw.cuda_graph_runner_for_draft_extend is None)
-            log.info("ECHO worker: verify width %s", "per step (max K_i)" if dw.echo_step_width else f"{self.echo_width}")
 
     def forward_batch_generation(self, batch, *args, **kwargs):
         """EAGLEWorkerV2's step; decode steps are timed whole (``echo_step_seconds``)."""
@@ -477,7 +485,8 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
         st = getattr(self._draft_worker, "echo_step", None)
         if batch.forward_mode.is_idle() or st is None or st.sizes is None:
             return self._verify(batch, pp_proxy_tensors, grammar_barrier)
-        forward_tokens = target_tokens(self.echo_verify, st.sizes, st.width)
+        forward_tokens = target_tokens(self.echo_verify, st.sizes, st.width,
+                                       self.target_worker.model_runner.decode_cuda_graph_runner, st.verified)
         timing = nullcontext() if self.echo_probe is None else self.echo_probe.timed_verify(forward_tokens)
         t0 = time.perf_counter()
         with timing:

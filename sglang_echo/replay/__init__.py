@@ -10,7 +10,8 @@ policies (``make_policy`` + ``build_trees`` + ``greedy_verify``) be replayed wit
 * :mod:`.simulate`  the offline-loop mirror and the continuous-batching server at concurrency B;
 * :mod:`.oracle`    the best accepted count any allocation of K_max slots could reach;
 * :mod:`.cost`      measured cost curves and the throughput model; :mod:`.measure` measures them;
-* :mod:`.validate`  replay == the offline engine, step for step;
+* :mod:`.validate`  replay == the offline engine, step for step (:mod:`.validate_server`: == a server);
+* :mod:`.sim_inputs` a simulated-acceptance benchmark's prompts and sglang EAGLE3's accept length;
 * :mod:`.report`, :mod:`.cli`  tables and the ``echo-replay`` command.
 """
 

@@ -4,7 +4,8 @@
     echo-replay measure-cost  --target DIR --drafter eagle3 --out cost-cpu.json
     echo-replay run           --trace out/replay/eagle3 --cost cost-cpu.json --out results/replay
     echo-replay validate      --trace out/replay/eagle3 --num-prompts 4
-    echo-replay validate-server --trace out/replay/eagle3 --num-prompts 4
+    echo-replay validate-server --trace out/replay/eagle3 --num-prompts 4 [--simulate --load-format dummy]
+    echo-replay sim-inputs    --trace .sim/smollm2-eagle3 --eagle3-shape 3/3/5
 
 See ``sglang_echo/replay/README.md`` for the trace format, the cost model and the limits.
 """
@@ -112,7 +113,8 @@ def cmd_record(args, argv) -> None:
     params = drafter.describe() if hasattr(drafter, "describe") else ""
     meta = TraceMeta(drafter=args.drafter, target=str(args.target), max_new=args.max_new, depth=args.depth,
                      width=args.width, beams=beams, max_nodes=args.max_nodes,
-                     eos_id=None if args.ignore_eos else tok.eos_token_id, draft=str(draft) if draft else None,
+                     eos_id=None if args.ignore_eos else tok.eos_token_id, vocab_size=target.config.vocab_size,
+                     draft=str(draft) if draft else None,
                      drafter_params={"describe": params} if params else {}, prompts=names,
                      stats={"record_seconds": secs}, command=_command(argv), machine=machine())
     trace = assemble(meta, prompts, trees, outputs)
@@ -244,7 +246,8 @@ def cmd_validate_server(args, argv) -> None:
     policies, cfg = _policies(args, trace, 1)
     prompts = _spread(args.num_prompts, trace.num_prompts)
     rows = validate_server(trace, policies, cfg, prompts, port=args.port, calibration=args.calibration,
-                           max_new=args.max_new, eos_id=trace.meta.eos_id)
+                           max_new=args.max_new, eos_id=trace.meta.eos_id,
+                           simulate=args.trace if args.simulate else None, load_format=args.load_format)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"command": _command(argv), "trace": str(args.trace), "prompts": prompts,
@@ -252,6 +255,25 @@ def cmd_validate_server(args, argv) -> None:
         print(f"wrote {args.out}")
     if not all(r["exact"] for r in rows):
         sys.exit(1)
+
+
+def cmd_sim_inputs(args, argv) -> None:
+    from .sim_inputs import TreeShape, sim_inputs
+    from .trace import Trace, trace_files
+
+    try:
+        shape = TreeShape.parse(args.eagle3_shape)
+    except ValueError as e:
+        raise SystemExit(f"echo-replay sim-inputs: {e}") from None
+    trace = Trace.load(args.trace)
+    out = args.out or trace_files(args.trace)[1].with_suffix(".sim.json")
+    data = sim_inputs(trace, Path(args.trace).resolve(), shape, args.max_new)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**data, "command": _command(argv)}, indent=1) + "\n")
+    e3 = data["eagle3"]
+    print(f"SGLANG_SIMULATE_ACC_LEN={e3['simulate_acc_len']}  (static tree {e3['shape']}: {e3['request_steps']} "
+          f"request steps, coverage {e3['coverage']['fraction']:.3f}); {len(data['prompts'])} prompts, "
+          f"max_new {data['max_new']} -> {out}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -324,8 +346,18 @@ def main(argv: list[str] | None = None) -> None:
     vs.add_argument("--num-prompts", type=int, default=4)
     vs.add_argument("--port", type=int, default=30430)
     _policy_args(vs)
+    vs.add_argument("--simulate", action="store_true",
+                    help="serve in simulated-acceptance mode on this trace (SGLANG_ECHO_SIMULATE)")
+    vs.add_argument("--load-format", default=None, help="sglang's --load-format for the target, e.g. dummy")
     vs.add_argument("--out", type=Path, default=None)
     vs.set_defaults(func=cmd_validate_server)
+
+    si = sub.add_parser("sim-inputs", help="a simulated-acceptance benchmark's prompts and EAGLE3 accept length")
+    si.add_argument("--trace", type=Path, required=True)
+    si.add_argument("--eagle3-shape", default="3/3/5", help="sglang EAGLE3's steps/topk/draft tokens")
+    si.add_argument("--max-new", type=int, default=None, help="tokens per request (default: the trace's)")
+    si.add_argument("--out", type=Path, default=None, help="default: STEM.sim.json")
+    si.set_defaults(func=cmd_sim_inputs)
 
     args = ap.parse_args(argv)
     args.func(args, argv)

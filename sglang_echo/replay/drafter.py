@@ -16,6 +16,10 @@ recorded drafter did at that position:
 * Coverage: a request the trace cannot fully answer (a node never expanded in the recording,
   children pruned by the node cap, or ``k`` above the recorded width where the drafter had more)
   is counted in :class:`Coverage` and served with what the trace has; nothing is invented.
+* Device: the trace's node arrays live on ``device`` (the CPU by default), so a server's
+  simulated acceptance (:mod:`sglang_echo.integration.simulate`) serves a GPU step without host
+  round trips; ``track=False`` also skips the coverage counts and propose shapes, whose
+  ``int()`` would synchronise the device at every depth.
 """
 
 from __future__ import annotations
@@ -63,14 +67,19 @@ class RecordedDrafter(Drafter):
     name = "recorded"
     captured_layers: tuple[int, ...] = ()  # needs no target features
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, device: torch.device | str = "cpu", *, track: bool = True):
         self.trace = trace
         self.width = trace.meta.width
-        self.first_child = trace.global_first_child()
-        self.roots = trace.tree_roots()
+        self.device = torch.device(device)
+        self.track = track  # count coverage and propose shapes (host syncs off the CPU)
+        dev = self.device
+        self.first_child = trace.global_first_child().to(dev)
+        self.roots = trace.tree_roots().to(dev)
+        self._token, self._logprob = trace.token.to(dev), trace.logprob.to(dev)
+        self._n_kept, self._n_avail = trace.n_kept.to(dev), trace.n_avail.to(dev)
         self.coverage = Coverage()
         self.propose_shapes: list[tuple[int, int, int, int]] = []  # (depth, B, F, valid) per call
-        self._rows = torch.zeros(0, dtype=torch.int64)  # [B] current tree per row, -1 none
+        self._rows = torch.zeros(0, dtype=torch.int64, device=dev)  # [B] current tree per row, -1 none
         self._cand_node: Optional[Tensor] = None
         self._prompt: list[int] = []
         self._gen: list[int] = []
@@ -78,7 +87,7 @@ class RecordedDrafter(Drafter):
     # -- the simulator's API ----------------------------------------------------------------------
     def seek(self, trees: Tensor) -> None:
         """Put row ``b`` at tree ``trees[b]`` (-1: nothing to draft) for the next step."""
-        self._rows = trees.long().cpu()
+        self._rows = trees.long().to(self.device)
         self._cand_node = None
 
     # -- the Drafter lifecycle (inside the offline loop) ------------------------------------------
@@ -113,22 +122,32 @@ class RecordedDrafter(Drafter):
     # -- TreeDrafter ------------------------------------------------------------------------------
     @torch.no_grad()
     def propose(self, frontier: Frontier, k: int) -> Candidates:
-        tr, dev = self.trace, frontier.slots.device
+        dev, here = frontier.slots.device, self.device
         B, F = frontier.slots.shape
-        valid = frontier.valid.cpu()
+        valid = frontier.valid.to(here)
         if frontier.depth == 0:
             node = torch.where(self._rows >= 0, self.roots[self._rows.clamp(min=0)], -1)[:, None].expand(B, F)
         else:
-            node = self._cand_node.gather(1, frontier.source.cpu().clamp(min=0))
+            node = self._cand_node.gather(1, frontier.source.to(here).clamp(min=0))
         valid = valid & (node >= 0)
         n = node.clamp(min=0)
-        kept, avail = tr.n_kept[n], tr.n_avail[n]
-        j = torch.arange(k)
+        kept, avail = self._n_kept[n], self._n_avail[n]
+        j = torch.arange(k, device=here)
         ok = valid[..., None] & (j < kept[..., None])  # [B, F, k]
         child = torch.where(ok, self.first_child[n][..., None] + j, torch.full_like(ok, -1, dtype=torch.int64))
         c = child.clamp(min=0)
+        if self.track:
+            self._count(valid, kept, avail, k, frontier.depth, B, F)
+        self._cand_node = child.reshape(B, F * k)
+        return Candidates(
+            tokens=torch.where(ok, self._token[c], 0).reshape(B, F * k).to(dev),
+            logprob=torch.where(ok, self._logprob[c], float("-inf")).reshape(B, F * k).to(dev),
+            parent=torch.arange(F, device=dev).repeat_interleave(k).expand(B, F * k).contiguous(),
+            valid=ok.reshape(B, F * k).to(dev),
+        )
 
-        # Coverage: what the live drafter would have returned vs what the trace holds.
+    def _count(self, valid: Tensor, kept: Tensor, avail: Tensor, k: int, depth: int, B: int, F: int) -> None:
+        """Coverage: what the live drafter would have returned vs what the trace holds."""
         served = kept.clamp(max=k)
         known = (avail >= 0) & ((avail < self.width) | (k <= self.width))
         want = torch.where(known, avail.clamp(max=k), torch.full_like(avail, k))
@@ -137,12 +156,4 @@ class RecordedDrafter(Drafter):
         self.coverage.missed += int(miss.sum())
         self.coverage.unexpanded += int((valid & (avail < 0)).sum())
         self.coverage.missing_children += int(torch.where(valid & known, want - served, 0).sum())
-        self.propose_shapes.append((frontier.depth, B, F, int(valid.sum())))
-
-        self._cand_node = child.reshape(B, F * k)
-        return Candidates(
-            tokens=torch.where(ok, tr.token[c], 0).reshape(B, F * k).to(dev),
-            logprob=torch.where(ok, tr.logprob[c], float("-inf")).reshape(B, F * k).to(dev),
-            parent=torch.arange(F).repeat_interleave(k).expand(B, F * k).contiguous().to(dev),
-            valid=ok.reshape(B, F * k).to(dev),
-        )
+        self.propose_shapes.append((depth, B, F, int(valid.sum())))

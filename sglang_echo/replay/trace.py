@@ -69,6 +69,7 @@ class TraceMeta:
     beams: list[int]  # beam widths whose frontiers were expanded at every depth
     max_nodes: int  # node cap per tree (by path score), root included
     eos_id: Optional[int] = None  # the replay stops a stream at its first eos (as the offline loop)
+    vocab_size: Optional[int] = None  # the target's vocabulary (a simulating server's must be at least this)
     draft: Optional[str] = None  # EAGLE-3 head path
     drafter_params: dict[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
@@ -117,6 +118,14 @@ class Trace:
 
     def output(self, p: int) -> Tensor:
         return self.output_tokens[self.output_indptr[p] : self.output_indptr[p + 1]]
+
+    def vocab_needed(self) -> int:
+        """The smallest vocabulary that holds every id of the trace: the recorded target's, else the
+        largest id + 1 (traces written before ``vocab_size`` was recorded)."""
+        if self.meta.vocab_size is not None:
+            return int(self.meta.vocab_size)
+        ids = [t.max() for t in (self.prompt_tokens, self.output_tokens, self.token) if t.numel()]
+        return int(torch.stack(ids).max()) + 1 if ids else 0
 
     def num_positions(self, p: int) -> int:
         return int(self.tree_indptr[p + 1] - self.tree_indptr[p])
@@ -227,6 +236,12 @@ class Trace:
             raise ValueError("trace: node tensors of different lengths")
         if T and not bool((self.depth[self.node_indptr[:-1]] == 0).all()):
             raise ValueError("trace: a tree does not start with its root")
+
+
+def trace_files(stem: str | Path) -> tuple[Path, Path]:
+    """``(STEM.safetensors, STEM.json)``: a trace's two files (a path with either suffix names its stem)."""
+    base = _stem(stem)
+    return Path(f"{base}.safetensors"), Path(f"{base}.json")
 
 
 def _stem(path: str | Path) -> Path:

@@ -14,6 +14,11 @@ sglang reports histograms, not per-step sequences, so this is exact on every per
 its distribution, not on their order (``echo-replay validate`` compares the order against the
 offline engine). One request at a time keeps the batch the replay's: a server batch forms by
 timing, which no replay can know.
+
+``simulate`` runs the server in simulated-acceptance mode on the trace itself
+(``SGLANG_ECHO_SIMULATE``, :mod:`sglang_echo.integration.simulate`), and ``load_format="dummy"``
+gives it random weights: then only the simulation can make it match, so the same comparison
+checks that a simulated server accepts exactly what the recorded pair accepted.
 """
 
 from __future__ import annotations
@@ -63,8 +68,10 @@ def _trim(h: Sequence[int]) -> list[int]:
 
 def validate_server(trace: Trace, policies: dict, cfg: PolicyConfig, prompts: Sequence[int], *, port: int,
                     calibration: Optional[Path] = None, max_new: Optional[int] = None,
-                    eos_id: Optional[int] = None, progress=print) -> list[dict]:
-    """One row per policy (``policies``: name -> the replay's :class:`TreePolicy`)."""
+                    eos_id: Optional[int] = None, simulate: Optional[Path] = None,
+                    load_format: Optional[str] = None, progress=print) -> list[dict]:
+    """One row per policy (``policies``: name -> the replay's :class:`TreePolicy`); ``simulate``:
+    the trace's stem, to serve in simulated-acceptance mode (module docstring)."""
     from sglang_echo.serve.client import generate
     from sglang_echo.serve.flags import ServerOptions
     from sglang_echo.serve.server import SGLangServer
@@ -75,11 +82,13 @@ def validate_server(trace: Trace, policies: dict, cfg: PolicyConfig, prompts: Se
     rows = []
     for name, policy in policies.items():
         env = server_env(name, cfg, meta.drafter, calibration)
+        if simulate is not None:
+            env["SGLANG_ECHO_SIMULATE"] = str(Path(simulate).resolve())
         opts = ServerOptions(model_path=Path(meta.target), port=port, spec="echo", dtype="float32",
                              draft_path=Path(meta.draft) if meta.draft else None, enable_metrics=True,
-                             extra_env=tuple(sorted(env.items())))
-        row = {"policy": name, "requests": 0, "steps": 0, "step_mismatch": 0, "accept_mismatch": 0,
-               "size_mismatch": 0, "output_mismatch": 0, "first_mismatch": None}
+                             extra_env=tuple(sorted(env.items())), load_format=load_format)
+        row = {"policy": name, "simulated": simulate is not None, "requests": 0, "steps": 0, "step_mismatch": 0,
+               "accept_mismatch": 0, "size_mismatch": 0, "output_mismatch": 0, "first_mismatch": None}
         with SGLangServer(opts) as srv:
             for p in prompts:
                 got = generate(srv.base_url, input_ids=trace.prompt(p).tolist(), max_new_tokens=max_new)

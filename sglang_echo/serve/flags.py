@@ -1,8 +1,9 @@
 """Build the sglang server command line + environment for one configuration.
 
 Pure data in, data out (no processes, no torch import unless asked whether CUDA exists; the
-environment is read only for the malloc settings and the CUDA platform's defaults an operator may
-override), so the launcher, the test fixtures and the benchmarks all produce identical servers.
+environment is read only for the malloc settings, the CUDA platform's defaults and sglang's
+ragged-verify mode, which an operator may override), so the launcher, the test fixtures and the
+benchmarks all produce identical servers.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOL
 # and sampling backends need FlashInfer or sglang-kernel's FA3; its Triton attention and the torch
 # sampler need neither. Passed before the arguments after `--`, so those still win.
 CUDA_PLATFORM_ARGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch")
+RAGGED_VERIFY_MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"  # sglang's; see ragged_verify_env
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ class ServerOptions:
     context_length: int | None = None
     max_running_requests: int | None = None
     enable_metrics: bool = False
+    # sglang's --enable-deterministic-inference: a request's tokens do not depend on the batch
+    # (on the CPU platform: sglang_echo/platform/deterministic.py)
+    deterministic: bool = False
     random_seed: int = 0
     # sglang binds a torch.distributed rendezvous port too; pinning it (default port+1) keeps
     # every port we use inside the range we were given instead of a random free one.
@@ -195,15 +200,22 @@ def _spec_args(opts: ServerOptions) -> list[str]:
     raise LaunchError(f"unknown --spec {opts.spec!r}; choose from {SPECS}")
 
 
-def extra_int_flag(opts: ServerOptions, flag: str) -> int | None:
-    """The value sglang will read for ``flag`` from the arguments passed through after ``--``
-    (``--flag N`` or ``--flag=N``; argparse keeps the last), or None where they do not set it."""
-    value, args = None, opts.extra_args
+def last_flag(args: tuple[str, ...] | list[str], flag: str) -> str | None:
+    """The value sglang will read for ``flag`` from ``args`` (``--flag V`` or ``--flag=V``; argparse
+    keeps the last), or None where they do not set it."""
+    value = None
     for i, arg in enumerate(args):
         if arg == flag and i + 1 < len(args):
             value = args[i + 1]
         elif arg.startswith(flag + "="):
             value = arg.split("=", 1)[1]
+    return value
+
+
+def extra_int_flag(opts: ServerOptions, flag: str) -> int | None:
+    """The integer sglang will read for ``flag`` from the arguments passed through after ``--``,
+    or None where they do not set it."""
+    value = last_flag(opts.extra_args, flag)
     if value is None:
         return None
     try:
@@ -305,6 +317,10 @@ def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCo
 
             env.update(env_defaults(os.environ))
             argv += CUDA_PLATFORM_ARGS
+        if opts.spec == "echo":  # the one backend that verifies ragged trees under CUDA graphs
+            from sglang_echo.kernels.registration import BACKEND_NAME
+
+            argv += ["--attention-backend", BACKEND_NAME]
         if opts.max_total_tokens:
             argv += ["--max-total-tokens", str(opts.max_total_tokens)]
     if opts.dtype:
@@ -315,8 +331,26 @@ def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCo
         argv += ["--max-running-requests", str(max_running)]
     if opts.enable_metrics:
         argv.append("--enable-metrics")
+    if opts.deterministic:
+        argv.append("--enable-deterministic-inference")
     argv += _spec_args(opts)
     argv += model_load_args(opts)
     argv += list(opts.extra_args)
+    env.update(ragged_verify_env(opts, argv, device))
     env.update(dict(opts.extra_env))
     return LaunchCommand(argv, env, device)
+
+
+def ragged_verify_env(opts: ServerOptions, argv: list[str], device: str) -> dict[str, str]:
+    """``SGLANG_RAGGED_VERIFY_MODE=compact`` for an ECHO server on CUDA whose target decodes with
+    ``echo_tree_triton``: sglang then captures the target's verify graphs per token tier, which
+    ECHO's ragged verify replays (``sglang_echo/integration/ragged.py``). The mode is sglang's and
+    process-wide, so it is set here, for that server only; a value in the environment wins."""
+    from sglang_echo.kernels.registration import BACKEND_NAME
+
+    backend = last_flag(argv, "--decode-attention-backend") or last_flag(argv, "--attention-backend")
+    if opts.spec != "echo" or device != "cuda" or backend != BACKEND_NAME:
+        return {}
+    if RAGGED_VERIFY_MODE_ENV in os.environ or RAGGED_VERIFY_MODE_ENV in dict(opts.extra_env):
+        return {}
+    return {RAGGED_VERIFY_MODE_ENV: "compact"}

@@ -65,3 +65,58 @@ def test_graph_capture_replay_with_changing_mixes():
         want = tree_attention_reference(*case.args())
         assert torch.isfinite(out).all() and (out[n: view.bucket] == 0).all()
         torch.testing.assert_close(out[:n].float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_ragged_tier_graphs_capture_without_requests_and_replay_any_mix():
+    """echo_tree_triton's ragged graphs: each tier captured with no real request (every lane pads),
+    then replayed after load_tier refilled the same views with a step's mix (sglang's prep)."""
+    from sglang_echo.core.pack import pad_trees
+    from sglang_echo.kernels.tree_attention.graph_buffers import TreeVerifyGraphBuffers
+    from sglang_echo.kernels.tree_attention.ragged_tier import packed_tree_rows
+    from sglang_echo.kernels.tree_attention.triton_kernel import tree_attention_triton
+
+    hq, hkv, d, width, slots = 32, 8, 128, 24, 16
+    tiers = (64, 112, 224)
+    bufs = TreeVerifyGraphBuffers(max_batch=slots, max_width=width, kv_capacity=0, num_heads=hq, head_dim=d,
+                                  device="cuda", buckets=(tiers[-1],), block_m=16)
+    cache = 16 * 2048 + 512 + 8
+    k_cache = torch.randn(cache, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    kv_indices = torch.zeros(16 * 2048, dtype=torch.int32, device="cuda")
+    q_buf = torch.zeros(tiers[-1], hq, d, device="cuda", dtype=torch.bfloat16)
+    tree_slots = torch.zeros(tiers[-1], dtype=torch.int32, device="cuda")
+    none = torch.zeros(0, dtype=torch.int32, device="cuda")
+    graphs, outs = {}, {}
+    for tier in tiers:
+        bufs.view(tier, slots).kv_indptr[: slots + 1] = torch.arange(slots + 1, device="cuda")
+        md = bufs.load_tier(tier, slots, none, width, None, kv_indices)
+        fn = lambda m=md, t=tier: tree_attention_triton(  # noqa: E731
+            q_buf[:t], k_cache, v_cache, m.qo_indptr, m.kv_indptr, m.kv_indices, tree_slots[:t], m.packed_mask,
+            d ** -0.5, plan=m.plan)
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs[tier] = fn()
+        graphs[tier] = g
+    for seed, batch in enumerate([3, 16, 8, 1, 12]):
+        case = make_case(seed, batch, 12, 2000, hq, hkv, d, dtype=torch.bfloat16, device="cuda", min_prefix=1)
+        case.k_cache, case.v_cache = k_cache, v_cache
+        n, b = case.q.shape[0], case.trees.batch_size
+        tier = min(t for t in tiers if t >= n)
+        prefix = torch.tensor(case.prefix_lens, device="cuda")
+        rows = packed_tree_rows(pad_trees(case.trees, prefix, width).mask.flatten(), prefix, width)
+        view = bufs.view(tier, slots)
+        view.kv_indptr[: b + 1] = case.kv_indptr
+        view.kv_indptr[b + 1: slots + 1] = case.kv_indptr[-1]
+        kv_indices[: case.kv_indices.numel()] = case.kv_indices
+        bufs.load_tier(tier, slots, case.trees.sizes.to(torch.int32), width, rows, kv_indices)
+        q_buf.zero_()
+        q_buf[:n] = case.q
+        tree_slots.zero_()
+        tree_slots[:n] = case.tree_slots
+        graphs[tier].replay()
+        out = outs[tier]
+        assert torch.isfinite(out).all() and (out[n:] == 0).all()
+        torch.testing.assert_close(out[:n].float(), tree_attention_reference(*case.args()).float(), atol=2e-2,
+                                   rtol=2e-2)

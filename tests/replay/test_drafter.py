@@ -21,8 +21,8 @@ class Capture(TreePolicy):
         self.name, self.max_depth = policy.name, policy.max_depth
         self.children_per_node, self.budgeted = policy.children_per_node, policy.budgeted
 
-    def start(self, roots) -> BuildState:
-        return self.inner.start(roots)
+    def start(self, roots, k_max=None) -> BuildState:
+        return self.inner.start(roots, k_max)
 
     def advance(self, state, cands) -> None:
         self.inner.advance(state, cands)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from sglang_echo.core.factory import PolicyConfig
 from sglang_echo.integration.config import load_config
 from sglang_echo.replay.validate_server import _histogram, _trim, server_env
 
-from ..conftest import REPLAY_PORTS, worker_ports
+from ..conftest import REPLAY_PORTS
+from .server_check import record_then_validate
 
 CFG = PolicyConfig(k_max=8, max_depth=6, w_def=1, w_max=4, topk=10, total_tokens=40, fixed_tau=0.25)
 # The PolicyConfig fields each policy reads (core/factory.py).
@@ -46,21 +45,11 @@ def test_replay_equals_the_server(tmp_path):
     """SmolLM2 (float32) with the n-gram drafter: a small trace, then one ECHO server per policy,
     each trace prompt alone: sglang's per-request step count, accepted-draft and tree-size
     histograms equal the replay's, and the outputs the recorded continuation."""
-    from sglang_echo.models.prepare import prepare
-    from sglang_echo.replay.cli import main
-    from sglang_echo.serve.server import find_free_port_pair
-
-    model = prepare(dtype="float32").path
-    stem = tmp_path / "trace"
-    main(["record", "--target", str(model), "--drafter", "ngram", "--prompts", "chat,humaneval", "--num-prompts", "1",
-          "--max-new", "48", "--depth", "6", "--width", "4", "--beams", "1,4", "--batch", "2", "--out", str(stem)])
-    port = find_free_port_pair(*worker_ports(REPLAY_PORTS))
-    out = tmp_path / "server.json"
-    # Exits 1 on any mismatch (after printing it and writing the rows).
-    main(["validate-server", "--trace", str(stem), "--num-prompts", "2", "--port", str(port),
-          "--policies", "echo,static-tree", "--k-max", "8", "--max-depth", "6", "--w-max", "4", "--topk", "4",
-          "--total-tokens", "12", "--out", str(out)])
-    rows = json.loads(out.read_text())["rows"]
+    rows = record_then_validate(
+        tmp_path, REPLAY_PORTS,
+        ["--drafter", "ngram", "--max-new", "48", "--depth", "6", "--width", "4", "--beams", "1,4"],
+        ["--policies", "echo,static-tree", "--k-max", "8", "--max-depth", "6", "--w-max", "4", "--topk", "4",
+         "--total-tokens", "12"])
     assert [r["policy"] for r in rows] == ["echo", "static-tree"]
     for r in rows:
         assert r["exact"] and r["requests"] == 2 and r["steps"] > 0
