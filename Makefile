@@ -28,7 +28,8 @@ install: $(STAMP)
 # Prepares SmolLM2-135M-Instruct once (cached under ~/.cache/sglang-echo), then runs sglang on
 # 127.0.0.1:$(PORT); on a machine without CUDA through sglang-echo's CPU platform.
 serve: $(STAMP)
-	$(PY) -m sglang_echo.serve.launch --spec $(SPEC) --port $(PORT) $(if $(DRAFT),--draft $(DRAFT))
+	$(PY) -m sglang_echo.serve.launch --spec $(SPEC) --port $(PORT) $(if $(DRAFT),--draft $(DRAFT)) \
+		$(if $(filter 1,$(DETERMINISTIC)),--deterministic)
 
 # Three pytest-xdist workers, one test file each at a time, the files that start servers first: a
 # server start is mostly one core's Python, so starts overlap well even on 2 cores (tests/conftest.py

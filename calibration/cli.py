@@ -27,6 +27,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from sglang_echo.cli_args import (
+    DTYPES, SERVER_DEVICES, CommandError, Parser, alias, at_least, between, existing_file, failure_line, model_dir,
+    out_file, port, positive_int, run,
+)
 from sglang_echo.core.calibration_file import Calibration, fingerprint
 from sglang_echo.core.kmax import Device
 from sglang_echo.integration.config import DRAFTERS
@@ -34,67 +38,95 @@ from sglang_echo.integration.config import DRAFTERS
 from . import report, stats
 from .probe import read_samples
 
-log = logging.getLogger("echo-calibrate")
+PROG = "echo-calibrate"
+log = logging.getLogger(PROG)
 
 
 class InputError(ValueError):
     """Bad user input: reported as one line, exit code 2."""
 
 
+def parser() -> Parser:
+    ap = Parser(prog="echo-calibrate", description=__doc__.splitlines()[0])
+    add = ap.add_argument
+    add("--drafter", choices=DRAFTERS, required=True)
+    add("--model", type=model_dir, default=None,
+        help="target checkpoint folder (default: the prepared SmolLM2, as make serve)")
+    add("--draft", type=model_dir, default=None, help="the drafter's head folder (default: the shipped head)")
+    add("--prompts", default="chat,humaneval",
+        help="a JSONL file ({'prompt'} or {'messages'} per line) or built-in sets, comma-separated")
+    add("--num-prompts", type=positive_int, default=32, help="prompts in all (spread over the sets)")
+    add("--max-new-tokens", type=positive_int, default=128, help="generated tokens per request")
+    add("--depth", type=positive_int, default=8, help="probe tree depth (depths 1..depth get a row)")
+    add("--width", type=at_least(2), default=4, help="probe beam width per depth (the verify path needs a tree)")
+    add("--target-depth", type=positive_int, default=4,
+        help="the served tree depth (ECHO max_depth): always a sweet spot")
+    add("--concurrency", type=positive_int, default=8, help="probe requests in flight")
+    add("--criterion", choices=tuple(stats.CRITERIA), default="youden")
+    add("--auc-min", type=between(0.0, 1.0, high_open=True), default=stats.DEFAULT_AUC_MIN,
+        help="xi: depths with AUC > xi are sweet spots")
+    add("--min-class-samples", type=positive_int, default=stats.MIN_CLASS_SAMPLES,
+        help="a depth needs this many accepted and rejected samples to qualify by AUC")
+    add("--out", type=out_file, default=Path("echo-calibration.json"), help="the calibration JSON")
+    add("--resume", action="store_true", help="keep the samples of an interrupted run and probe only the rest")
+    add("--from-samples", type=existing_file, default=None, help="skip probing: summarise an existing samples file")
+    add("--dtype", choices=DTYPES, default=None,
+        help="as the server will run (default: what make serve runs: bfloat16 on GPUs and CPUs with bf16 GEMMs, "
+             "else float32)")
+    add("--device", choices=SERVER_DEVICES, default=None, help="the probe server's device (default: cuda if available)")
+    add("--port", type=port, default=None, help="the probe server's port (default: a free one)")
+    alias(ap, "--model", "--target")
+    alias(ap, "--max-new-tokens", "--max-new", "--max-tokens")
+    return ap
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="echo-calibrate", description=__doc__.splitlines()[0])
-    ap.add_argument("--drafter", choices=DRAFTERS, required=True)
-    ap.add_argument("--model", type=Path, default=None, help="target checkpoint dir (default: the prepared SmolLM2, as make serve)")
-    ap.add_argument("--draft", type=Path, default=None, help="EAGLE-3 head dir (default: the shipped head)")
-    ap.add_argument("--prompts", default="chat,humaneval",
-                    help="a JSONL file ({'prompt'} or {'messages'} per line) or built-in sets, comma-separated")
-    ap.add_argument("--num-prompts", type=int, default=32, help="at most this many prompts (spread over the sets)")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--depth", type=int, default=8, help="probe tree depth (depths 1..depth get a row)")
-    ap.add_argument("--width", type=int, default=4, help="probe beam width per depth")
-    ap.add_argument("--target-depth", type=int, default=4,
-                    help="the served tree depth (ECHO max_depth, default 4): always a sweet spot")
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--criterion", choices=tuple(stats.CRITERIA), default="youden")
-    ap.add_argument("--auc-min", type=float, default=stats.DEFAULT_AUC_MIN, help="xi: depths with AUC > xi are sweet spots")
-    ap.add_argument("--min-class-samples", type=int, default=stats.MIN_CLASS_SAMPLES,
-                    help="a depth needs this many accepted and rejected samples to qualify by AUC")
-    ap.add_argument("--out", type=Path, default=Path("echo-calibration.json"))
-    ap.add_argument("--resume", action="store_true", help="keep the samples of an interrupted run and probe only the rest")
-    ap.add_argument("--from-samples", type=Path, default=None, help="skip probing: summarise an existing samples file")
-    ap.add_argument("--dtype", default=None,
-                    help="as the server will run (default: what make serve runs: bfloat16 on GPUs and CPUs with bf16 GEMMs, else float32)")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default=None)
-    ap.add_argument("--port", type=int, default=None)
+    ap = parser()
     args = ap.parse_args(argv)
-    if args.depth < 1 or args.width < 2:
-        ap.error("--depth must be >= 1 and --width >= 2 (the verify path needs a tree)")
-    if args.num_prompts < 1 or args.concurrency < 1:
-        ap.error("--num-prompts and --concurrency must be >= 1")
+    if args.drafter == "ngram" and args.draft is not None:
+        ap.error("--draft is for the drafters with weights; ngram has none")
+    if args.resume and args.from_samples is not None:
+        ap.error("--resume continues a probe; --from-samples skips probing")
+    try:
+        if args.from_samples is None:
+            prompt_items(args.prompts, args.num_prompts)
+        if args.model is not None and args.draft is not None:
+            from sglang_echo.models.drafts import check_head_for
+
+            check_head_for(args.model, args.draft)
+    except ValueError as e:  # InputError, DraftMismatch
+        ap.error(f"--draft: {e}" if not isinstance(e, InputError) else str(e))
     return args
 
 
-def load_prompts(spec: str, limit: int, tokenizer) -> list[tuple[str, str]]:
-    """``(id, rendered text)`` pairs from a JSONL file or built-in set names; InputError if none."""
+def prompt_items(spec: str, limit: int) -> list:
+    """The first ``limit`` prompts ``--prompts`` names: a JSONL file's, or built-in sets' spread
+    over ``limit`` (InputError for a file that cannot be read or parsed, unknown set names, or no
+    prompts at all)."""
     from sglang_echo.models import prompts as P
 
     path = Path(spec)
     if path.suffix == ".jsonl" or path.exists():
         try:
             with open(path, encoding="utf-8") as fh:
-                items = P.read_jsonl(fh, path.stem)
+                items = P.read_jsonl(fh, path.stem)[:limit]
         except OSError as e:
             raise InputError(f"--prompts {spec}: cannot read ({e.strerror})") from None
-        except (ValueError, json.JSONDecodeError) as e:
+        except ValueError as e:  # json.JSONDecodeError is one
             raise InputError(f"--prompts {spec}: {e}") from None
-        items = items[:limit]
     else:
         names = [n for n in spec.split(",") if n]
-        unknown = [n for n in names if n not in P.DATASETS]
-        if unknown or not names:
+        if not names or any(n not in P.DATASETS for n in names):
             raise InputError(f"--prompts {spec!r}: not a file and not built-in sets ({', '.join(P.DATASETS)})")
         items = P.load_mixed(-(-limit // len(names)), names)[:limit]
-    rendered = [(p.id, p.as_text(tokenizer)) for p in items]
+    if not items:
+        raise InputError(f"--prompts {spec}: no non-empty prompts")
+    return items
+
+
+def load_prompts(spec: str, limit: int, tokenizer) -> list[tuple[str, str]]:
+    """``(id, rendered text)`` pairs of :func:`prompt_items`; InputError if none has any text."""
+    rendered = [(p.id, p.as_text(tokenizer)) for p in prompt_items(spec, limit)]
     rendered = [(pid, text) for pid, text in rendered if text.strip()]
     if not rendered:
         raise InputError(f"--prompts {spec}: no non-empty prompts")
@@ -120,8 +152,6 @@ def resolve(args: argparse.Namespace) -> tuple[Path, Path | None]:
             check_head_for(model, draft)
         except DraftMismatch as e:
             raise InputError(f"--draft: {e}") from None
-    elif args.draft is not None:
-        raise InputError("--draft is for the drafters with weights; ngram has none")
     return model, draft
 
 
@@ -160,29 +190,17 @@ def meta_file(samples: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[echo-calibrate] %(message)s")
     args = parse_args(argv)
+    return run(PROG, lambda: _calibrate(args, argv), args.debug)
+
+
+def _calibrate(args: argparse.Namespace, argv: list[str] | None) -> int:
     command = "echo-calibrate " + shlex.join(sys.argv[1:] if argv is None else argv)
     out = args.out
     samples_path = args.from_samples or out.with_name(out.stem + ".samples.jsonl")
     try:
         model, draft = resolve(args)
         if args.from_samples is None:
-            from transformers import AutoTokenizer
-
-            from .runner import ProbeJob, run_probe
-
-            tok = AutoTokenizer.from_pretrained(model)
-            prompts = load_prompts(args.prompts, args.num_prompts, tok)
-            probe = {"command": command, "prompts": args.prompts, "num_prompts": len(prompts), "width": args.width,
-                     "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency}
-            job = ProbeJob(model=model, drafter=args.drafter, draft=draft, prompts=prompts, samples=samples_path,
-                           depth=args.depth, width=args.width, max_new_tokens=args.max_new_tokens,
-                           concurrency=args.concurrency, dtype=args.dtype, device=args.device, port=args.port)
-            log.info("probing %d prompts through sglang (beam tree %dx%d); samples -> %s",
-                     len(prompts), args.depth, args.width, samples_path)
-            run_probe(job, resume=args.resume)
-            meta_file(samples_path).write_text(json.dumps(probe, indent=2) + "\n")
-        elif not samples_path.is_file():
-            raise InputError(f"--from-samples {samples_path}: no such file")
+            probe = _probe(args, model, draft, samples_path, command)
         else:  # the probe's own settings, as it recorded them
             meta = meta_file(samples_path)
             probe = json.loads(meta.read_text()) if meta.is_file() else {"command": None}
@@ -192,12 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError(str(e)) from None
         calib, curve = summarise(args, samples, model, draft, probe)
     except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # the probe server failed: say where its log is
-        print(f"error: calibration probe failed ({type(e).__name__}: {e}); server log: "
-              f"{samples_path.with_suffix('.server.log')}", file=sys.stderr)
-        return 1
     out.parent.mkdir(parents=True, exist_ok=True)
     calib.save(out)
     md = out.with_suffix(".md")
@@ -206,6 +220,30 @@ def main(argv: list[str] | None = None) -> int:
     print(report.markdown(calib, samples, curve, command))
     print(f"wrote {out}, {md}" + "".join(f", {p}" for p in pngs))
     return 0
+
+
+def _probe(args: argparse.Namespace, model: Path, draft: Path | None, samples_path: Path, command: str) -> dict:
+    """Serve the prompts with the probe tree; the probe's settings (also written next to the samples)."""
+    from transformers import AutoTokenizer
+
+    from .runner import ProbeJob, run_probe
+
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = load_prompts(args.prompts, args.num_prompts, tok)
+    probe = {"command": command, "prompts": args.prompts, "num_prompts": len(prompts), "width": args.width,
+             "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency}
+    job = ProbeJob(model=model, drafter=args.drafter, draft=draft, prompts=prompts, samples=samples_path,
+                   depth=args.depth, width=args.width, max_new_tokens=args.max_new_tokens,
+                   concurrency=args.concurrency, dtype=args.dtype, device=args.device, port=args.port)
+    log.info("probing %d prompts through sglang (beam tree %dx%d); samples -> %s",
+             len(prompts), args.depth, args.width, samples_path)
+    try:
+        run_probe(job, resume=args.resume)
+    except Exception as e:  # the probe server failed: say where its log is
+        raise CommandError(f"calibration probe failed ({failure_line(e)}); server log: "
+                           f"{samples_path.with_suffix('.server.log')}") from e
+    meta_file(samples_path).write_text(json.dumps(probe, indent=2) + "\n")
+    return probe
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from sglang_echo.cli_args import (  # noqa: E402
+    Parser, alias, between, count, int_list, out_dir, positive_int, run,
+)
 from loadtests.compare import median_rows, passes_markdown, plot, read_sweep  # noqa: E402
 from loadtests.hosts import RemoteHostRefused, check_host  # noqa: E402
 from loadtests.levels import LevelFailed, Sweep, flush_prefix_cache, run_level  # noqa: E402
@@ -42,14 +45,12 @@ from loadtests.summary import LevelResult, write_csvs  # noqa: E402
 DEFAULT_HOST = "http://127.0.0.1:30000"
 DEFAULT_USERS = "8,16,32,64,128,256"
 # --smoke: small enough for CI on a 2-core CPU server, big enough to exercise every code path.
-SMOKE = {"users": "2,4", "level_seconds": 60, "level_requests": 8, "max_tokens": 8, "warmup_requests": 0}
+SMOKE = {"users": "2,4", "level_seconds": 60, "level_requests": 8, "max_new_tokens": 8, "warmup_requests": 0}
+TAGS = ("chat", "completions", "stream", "nostream")
 
 
 def _users(text: str) -> tuple[int, ...]:
-    users = tuple(int(u) for u in text.split(",") if u.strip())
-    if not users or min(users) < 1:
-        raise argparse.ArgumentTypeError(f"need positive user counts, got {text!r}")
-    return users
+    return tuple(int_list(1)(text))
 
 
 def _target(text: str) -> Target:
@@ -59,55 +60,60 @@ def _target(text: str) -> Target:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> Parser:
+    p = Parser(prog="loadtests/run.py", description=__doc__)
     p.add_argument("--host", dest="hosts", action="append", type=_target, default=None,
                    metavar="[NAME=]URL",
                    help=f"server base URL (default {DEFAULT_HOST}); give it again, each one named "
                         "(none=URL echo=URL), to sweep several servers side by side, the first "
                         "being the baseline of the ratios")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="passes over the levels (default 1); each level's order of servers flips "
-                        "from pass to pass")
+    p.add_argument("--repeats", type=positive_int, default=1,
+                   help="passes over the levels; each level's order of servers flips from pass to pass")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a --host that is not localhost (only a server you are responsible for)")
     p.add_argument("--users", type=_users, default=None, help=f"levels (default {DEFAULT_USERS})")
-    p.add_argument("--level-seconds", type=int, default=None, help="time limit per level (default 60)")
-    p.add_argument("--level-requests", type=int, default=None, help="request limit per level (default 200)")
-    p.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request (default 64)")
-    p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens per request")
-    p.add_argument("--max-tokens-jitter", type=int, default=0,
-                   help="draw each request's max_tokens from --max-tokens +- this, the same lengths in "
-                        "the same order for every level and server (default 0)")
-    p.add_argument("--tags", nargs="+", default=(),
-                   help="locust tags to run: chat, completions, stream, nostream (default all)")
-    p.add_argument("--prompts-per-set", type=int, default=40,
-                   help="prompts from each dev prompt set (default 40: all of the hand-written ones)")
+    p.add_argument("--level-seconds", type=positive_int, default=None, help="time limit per level (default 60)")
+    p.add_argument("--level-requests", type=positive_int, default=None, help="request limit per level (default 200)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None,
+                   help="max_tokens of every request (default 64)")
+    p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens per request")
+    p.add_argument("--max-new-tokens-jitter", type=count, default=0,
+                   help="draw each request's max_tokens from --max-new-tokens +- this, the same lengths in "
+                        "the same order for every level and server")
+    p.add_argument("--tags", nargs="+", choices=TAGS, default=(),
+                   help="locust tags to run (default all)")
+    p.add_argument("--per-set", type=positive_int, default=40,
+                   help="prompts from each dev prompt set (40: all of the hand-written ones)")
     p.add_argument("--keep-cache", action="store_true",
                    help="do not flush sglang's prefix cache before each level")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds without data per request")
-    p.add_argument("--drain-seconds", type=int, default=180,
-                   help="after the time limit, how long requests in flight may still finish (default 180)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default out/loadtest/<time>)")
+    p.add_argument("--request-timeout", type=between(0.0, float("inf"), low_open=True), default=600.0,
+                   help="seconds without data per request")
+    p.add_argument("--drain-seconds", type=count, default=180,
+                   help="after the time limit, how long requests in flight may still finish")
+    p.add_argument("--out", type=out_dir, default=None, help="output folder (default out/loadtest/<time>)")
     p.add_argument("--smoke", action="store_true",
                    help=f"tiny sweep {SMOKE} that fails on any request error (for CI)")
     p.add_argument("--fail-on-errors", action="store_true", help="exit 1 if any request failed")
-    p.add_argument("--warmup-requests", type=int, default=None,
+    p.add_argument("--warmup-requests", type=count, default=None,
                    help="requests sent 8 at a time before the first level, not measured (default 32, "
                         "--smoke 0): a server's first minute is not its throughput (ECHO's cost budget "
                         "measures its cost curves there)")
+    alias(p, "--max-new-tokens", "--max-tokens", "--max-new")
+    alias(p, "--max-new-tokens-jitter", "--max-tokens-jitter", "--max-new-jitter")
+    alias(p, "--per-set", "--prompts-per-set")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
     args.hosts = args.hosts or [Target("", DEFAULT_HOST)]
     try:
         check_targets(args.hosts)
     except ValueError as exc:
         p.error(str(exc))
-    if args.repeats < 1:
-        p.error("--repeats must be at least 1")
-    if args.max_tokens_jitter < 0:
-        p.error("--max-tokens-jitter must be >= 0")
     defaults = SMOKE if args.smoke else {"users": DEFAULT_USERS, "level_seconds": 60,
-                                         "level_requests": 200, "max_tokens": 64, "warmup_requests": 32}
+                                         "level_requests": 200, "max_new_tokens": 64, "warmup_requests": 32}
     for name, value in defaults.items():  # explicit options win over the mode's defaults
         if getattr(args, name) is None:
             setattr(args, name, _users(value) if name == "users" else value)
@@ -205,16 +211,20 @@ def write_comparison(sweeps: dict[str, list[Sweep]], targets: list[Target], out:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run("loadtests/run.py", lambda: _load_test(args), args.debug)
+
+
+def _load_test(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     models = connect(args.hosts, args.allow_remote, console)
     if models is None:
         return 2
     targets = list(models)
     base = Sweep(host="", model="", out=args.out, level_seconds=args.level_seconds,
-                 level_requests=args.level_requests, max_tokens=args.max_tokens,
-                 ignore_eos=args.ignore_eos, max_tokens_jitter=args.max_tokens_jitter,
+                 level_requests=args.level_requests, max_tokens=args.max_new_tokens,
+                 ignore_eos=args.ignore_eos, max_tokens_jitter=args.max_new_tokens_jitter,
                  allow_remote=args.allow_remote, tags=tuple(args.tags),
-                 prompts_per_set=args.prompts_per_set, request_timeout=args.request_timeout,
+                 prompts_per_set=args.per_set, request_timeout=args.request_timeout,
                  flush_cache=not args.keep_cache, drain_seconds=args.drain_seconds)
     sweeps = sweeps_for(base, models, args.repeats, args.out)
     for sweep in (s for per_pass in sweeps.values() for s in per_pass):
@@ -233,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         for t, model in models.items():
             if args.warmup_requests:
                 console.print(f"warm-up {t.name or t.url}: {args.warmup_requests} requests, not measured")
-                if failed := warm_up(t.url, model, args.warmup_requests, args.max_tokens, args.request_timeout):
+                if failed := warm_up(t.url, model, args.warmup_requests, args.max_new_tokens, args.request_timeout):
                     console.print(f"[yellow]warm-up: {failed} of {args.warmup_requests} requests failed")
         results = sweep_all(sweeps, targets, args.users, console)
     except LevelFailed as exc:
@@ -243,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         for sweep, levels in zip(sweeps[t.name], results[t.name]):
             summary, errors = write_csvs(levels, sweep.out)
             png = plot_levels(levels, sweep.out / "loadtest.png",
-                              title=f"{model} @ {t.url}, max_tokens={args.max_tokens}")
+                              title=f"{model} @ {t.url}, max_tokens={args.max_new_tokens}")
             console.print(results_table(levels, title=str(sweep.out)))
             console.print(f"wrote {summary}, {errors}, {png}")
     if len(targets) > 1 or args.repeats > 1:

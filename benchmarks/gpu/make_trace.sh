@@ -29,11 +29,11 @@ else
   rm -f "$STEM.json" "$STEM.safetensors" "$STEM.sim.json"
   model=$("$PY" -c "from sglang_echo.models.prepare import prepare; print(prepare(dtype='float32').path)")
   start=$(date +%s)
-  "$PY" -m sglang_echo.replay.cli record --target "$model" --drafter eagle3 --prompts "$PROMPTS" \
-    --num-prompts "$PER_SET" --max-new "$MAX_NEW" --depth "$DEPTH" --width "$WIDTH" --beams "$BEAMS" \
+  "$PY" -m sglang_echo.replay.cli record --model "$model" --drafter eagle3 --prompts "$PROMPTS" \
+    --per-set "$PER_SET" --max-new-tokens "$MAX_NEW" --depth "$DEPTH" --width "$WIDTH" --beams "$BEAMS" \
     --max-nodes "$MAX_NODES" --batch 8 --threads "$THREADS" --out "$STEM" 2>&1 | grep -v '^record:' || true
   [[ -f "$STEM.json" ]] || { echo "make_trace: recording failed" >&2; exit 1; }
   echo "make_trace: recorded in $(( $(date +%s) - start )) s"
 fi
-"$PY" -m sglang_echo.replay.cli sim-inputs --trace "$STEM" --eagle3-shape "$SHAPE" --max-new "$MAX_NEW"
+"$PY" -m sglang_echo.replay.cli sim-inputs --trace "$STEM" --eagle3-shape "$SHAPE" --max-new-tokens "$MAX_NEW"
 du -h "$STEM".*

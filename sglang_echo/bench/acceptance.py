@@ -6,9 +6,11 @@ decoding (any mismatch is printed loudly and the command exits non-zero). Per ro
 accepted tokens per request per step, bonus included), verified tokens per step (roots included),
 draft and verify milliseconds per step, and end-to-end generated tokens per second.
 
-    echo-bench acceptance --target DIR --drafter eagle3 --draft DIR \\
-        --policies chain6,static-tree,echo --prompts humaneval,chat --num-prompts 20 \\
-        --max-new 128 --batch 8 --out benchmarks/results/acceptance-eagle3
+    echo-bench acceptance --model DIR --drafter eagle3 --draft DIR \\
+        --policies chain6,static-tree,echo --prompts humaneval,chat --per-set 20 \\
+        --max-new-tokens 128 --batch 8 --out benchmarks/results/acceptance-eagle3
+
+``--per-set N`` takes N prompts of each set, ``--num-prompts N`` N in all (spread over the sets).
 
 Policy names: ``chainN`` (a chain of depth N), ``static-tree`` (EAGLE-3's 8 steps / top-10 /
 60 tokens unless ``--max-depth``/``--topk``/``--total-tokens`` say otherwise), and every name of
@@ -25,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import shlex
 import sys
 import time
@@ -35,11 +36,13 @@ from typing import Optional
 
 import torch
 
-from ..core.baselines import Chain
-from ..core.factory import POLICIES, PolicyConfig, make_policy
-from ..core.policy import TreePolicy
+from ..cli_args import CommandError, prompt_counts, run
 from ..platform.packed_linear import pack_linears
 from ..serve.flags import resolve_device
+from .acceptance_args import build_policy, gating_calibration, parse_args, shipped_draft
+
+__all__ = ["Row", "build_drafter", "build_policy", "gating_calibration", "load_prompt_ids", "main", "markdown",
+           "shipped_draft"]
 
 
 @dataclass
@@ -118,48 +121,6 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join([head, sep, *body])
 
 
-def build_policy(name: str, cfg: PolicyConfig, calibration=None) -> TreePolicy:
-    m = re.fullmatch(r"chain-?(\d+)", name)
-    if m:
-        return Chain(int(m.group(1)))
-    if name == "dart-tree":  # DART's static Algorithm 1; bound to the DART drafter in main()
-        from ..drafters.dart import DartTreePolicy
-
-        return DartTreePolicy(max_depth=cfg.max_depth)
-    if name not in POLICIES:
-        raise SystemExit(f"unknown policy {name!r}: use chainN or one of {', '.join(POLICIES)}")
-    return make_policy(name, cfg, calibration=calibration)
-
-
-def shipped_draft(target: Path, kind: str) -> Path:
-    """The ``kind`` head that ships with sglang-echo, staged for ``target`` (as ``make serve`` and
-    ``echo-bench serve`` default to it); SystemExit where none ships or it does not fit."""
-    from ..models.drafts import DraftMismatch, shipped_head
-
-    try:
-        return shipped_head(target, kind)
-    except DraftMismatch as e:
-        raise SystemExit(f"--drafter {kind}: {e}") from None
-
-
-def gating_calibration(spec: str, target: Path, drafter: str, draft: Optional[Path]):
-    """(calibration or None for the paper's defaults, where it came from) for ``--calibration``.
-    ``shipped`` picks what the server picks for this target and drafter, so ECHO's rows measure
-    the gates ``make serve`` runs."""
-    from ..calibration.shipped import shipped_calibration
-    from ..core.calibration_file import fingerprint, load_calibration
-    from ..integration.config import drafter_fingerprint
-
-    if spec == "defaults":
-        return None, "the paper's default gates"
-    path = shipped_calibration(target, drafter, draft) if spec == "shipped" else Path(spec)
-    if path is None:
-        return None, "the paper's default gates (no shipped calibration for this target and drafter)"
-    calibration = load_calibration(path, model_fingerprint=fingerprint(target), drafter_kind=drafter,
-                                   drafter_fingerprint=drafter_fingerprint(drafter, draft))
-    return calibration, str(path)
-
-
 def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device,
                   ngram: Optional[Path] = None, use_ngram: bool = True):
     """The drafter (imported lazily) and the target layers it reads."""
@@ -170,7 +131,7 @@ def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device,
         return d, tuple(getattr(d, "captured_layers", ()))
     if kind == "eagle3":
         if draft is None:
-            raise SystemExit("--drafter eagle3 needs --draft DIR (an EAGLE-3 head checkpoint)")
+            raise CommandError("--drafter eagle3 needs --draft DIR (an EAGLE-3 head checkpoint)")
         from ..drafters.eagle3 import Eagle3Drafter
         from ..drafters.eagle3_head import Eagle3Head
 
@@ -181,7 +142,7 @@ def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device,
         return d, tuple(getattr(d, "captured_layers", head.cfg.aux_layer_ids))
     if kind == "dart":
         if draft is None:
-            raise SystemExit("--drafter dart needs --draft DIR (a DART head checkpoint)")
+            raise CommandError("--drafter dart needs --draft DIR (a DART head checkpoint)")
         from ..drafters.dart import load_dart_drafter
         from ..drafters.ngram_trie import NGramTrieError
 
@@ -190,19 +151,19 @@ def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device,
             d = load_dart_drafter(draft, model.get_input_embeddings().weight, model.config.num_hidden_layers, ngram=ngram,
                                   use_ngram=use_ngram, eos_id=eos[0] if isinstance(eos, list) else eos, device=device)
         except NGramTrieError as e:
-            raise SystemExit(f"--drafter dart: {e}") from None
+            raise CommandError(f"--drafter dart: {e}") from None
         pack_linears(d.head)
         return d, d.captured_layers
     if kind == "dflash":
         if draft is None:
-            raise SystemExit("--drafter dflash needs --draft DIR (a DFlash draft checkpoint)")
+            raise CommandError("--drafter dflash needs --draft DIR (a DFlash draft checkpoint)")
         from ..drafters.dflash import load_dflash_drafter
 
         out = model.get_output_embeddings()
         d = load_dflash_drafter(draft, model.get_input_embeddings().weight, None if out is None else out.weight,
                                 num_target_layers=model.config.num_hidden_layers, device=device)
         return d, d.captured_layers
-    raise SystemExit(f"unknown drafter {kind!r}")
+    raise CommandError(f"unknown drafter {kind!r}")
 
 
 def load_prompt_ids(name: str, limit: int, tokenizer, max_prompt_len: Optional[int]) -> list[torch.Tensor]:
@@ -224,39 +185,12 @@ def _first_diff(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="echo-bench acceptance", description=__doc__.splitlines()[0])
-    ap.add_argument("--target", type=Path, required=True, help="HF checkpoint dir of the target")
-    ap.add_argument("--drafter", choices=("eagle3", "ngram", "dart", "dflash"), required=True)
-    ap.add_argument("--draft", type=Path,
-                    help="the drafter's head dir (eagle3, dart, dflash; default: the head of that kind that ships)")
-    ap.add_argument("--ngram", type=Path, default=None,
-                    help="DART n-gram trie (echo-build-ngram; default: DRAFT/ngram-trie.safetensors if present)")
-    ap.add_argument("--no-ngram", action="store_true", help="DART without n-gram pruning (the ablation)")
-    ap.add_argument("--policies", default="chain6,static-tree,echo")
-    ap.add_argument("--prompts", default="humaneval,chat", help="comma-separated prompt sets (models/prompts.py)")
-    ap.add_argument("--num-prompts", type=int, default=20, help="per prompt set")
-    ap.add_argument("--max-new", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--k-max", type=int, default=None, help="batch verification cap of budgeted policies (default 8*batch)")
-    ap.add_argument("--max-depth", type=int, default=8, help="draft depth of echo & co. and of the static tree")
-    ap.add_argument("--topk", type=int, default=10, help="static tree")
-    ap.add_argument("--total-tokens", type=int, default=60, help="static tree, root included")
-    ap.add_argument("--w-def", type=int, default=1)
-    ap.add_argument("--w-max", type=int, default=4)
-    ap.add_argument("--calibration", default="shipped",
-                    help="ECHO's gates: an echo-calibrate file, 'shipped' (the calibration shipped for this target and "
-                         "drafter, as the server picks it; paper defaults where none matches) or 'defaults' (the paper's)")
-    ap.add_argument("--ignore-eos", action="store_true", help="always generate --max-new tokens")
-    ap.add_argument("--max-prompt-len", type=int, default=None, help="keep only the last N prompt tokens")
-    ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    ap.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md (a .json/.md suffix is dropped)")
-    args = ap.parse_args(argv)
-    if args.draft is None and args.drafter != "ngram":
-        args.draft = shipped_draft(args.target, args.drafter)
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv, __doc__.splitlines()[0])
+    return run("echo-bench acceptance", lambda: _measure(args, argv), args.debug)
 
+
+def _measure(args: argparse.Namespace, argv: list[str] | None) -> int:
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -266,16 +200,11 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     device = torch.device(resolve_device(args.device))
     k_max = args.k_max or 8 * args.batch
-    cfg = PolicyConfig(k_max=k_max, max_depth=args.max_depth, w_def=args.w_def, w_max=args.w_max,
-                       topk=args.topk, total_tokens=args.total_tokens)
-    calibration, gating_source = gating_calibration(args.calibration, args.target, args.drafter, args.draft)
+    gating_source = args.gating[1]
     print(f"[acceptance] ECHO gates with {gating_source}")
-    policy_names = [p.strip() for p in args.policies.split(",") if p.strip()]
-    set_names = [s.strip() for s in args.prompts.split(",") if s.strip()]
-    policies = {n: build_policy(n, cfg, calibration) for n in policy_names}  # fail fast on bad names
-
-    tokenizer = AutoTokenizer.from_pretrained(str(args.target))
-    model = AutoModelForCausalLM.from_pretrained(str(args.target), dtype=getattr(torch, args.dtype)).to(device)
+    policies = args.built
+    tokenizer = AutoTokenizer.from_pretrained(str(args.model))
+    model = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=getattr(torch, args.dtype)).to(device)
     drafter, captured = build_drafter(args.drafter, args.draft, model, device, ngram=args.ngram, use_ngram=not args.no_ngram)
     for p in policies.values():
         if hasattr(p, "bind"):  # dart-tree builds its trees with the drafter itself
@@ -283,13 +212,14 @@ def main(argv: list[str] | None = None) -> None:
     target = HFTarget(model, captured)
     eos = None if args.ignore_eos else tokenizer.eos_token_id
 
-    sets = {n: load_prompt_ids(n, args.num_prompts, tokenizer, args.max_prompt_len) for n in set_names}
+    counts = prompt_counts(args.prompts, args.per_set, args.num_prompts)
+    sets = {n: load_prompt_ids(n, k, tokenizer, args.max_prompt_len) for n, k in zip(args.prompts, counts)}
     batches = {n: [ids[i : i + args.batch] for i in range(0, len(ids), args.batch)] for n, ids in sets.items()}
     # Warm-up (allocator, kernels, lazy inits) so the first timed row is not penalised.
     first = next((b for bs in batches.values() for b in bs), None)
     if first is not None:
-        autoregressive_generate(target, first, min(4, args.max_new), eos)
-        speculative_generate(target, drafter, next(iter(policies.values())), first, min(4, args.max_new), eos)
+        autoregressive_generate(target, first, min(4, args.max_new_tokens), eos)
+        speculative_generate(target, drafter, next(iter(policies.values())), first, min(4, args.max_new_tokens), eos)
 
     total = sum(len(bs) for bs in batches.values()) * (1 + len(policies))
     rows: list[Row] = []
@@ -299,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
         refs = []
         for batch in bs:
             bar.set_postfix_str(f"{set_name} ar")
-            res = autoregressive_generate(target, batch, args.max_new, eos)
+            res = autoregressive_generate(target, batch, args.max_new_tokens, eos)
             ar_row.add(res)
             refs.append(res.tokens)
             bar.update()
@@ -308,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
             row = Row(set_name, args.drafter, pname)
             for i, batch in enumerate(bs):
                 bar.set_postfix_str(f"{set_name} {pname}")
-                res = speculative_generate(target, drafter, policy, batch, args.max_new, eos)
+                res = speculative_generate(target, drafter, policy, batch, args.max_new_tokens, eos)
                 row.add(res)
                 for b, (got, want) in enumerate(zip(res.tokens, refs[i])):
                     if got != want:
@@ -334,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
             "machine": platform.node(),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "target": str(args.target),
+            "target": str(args.model),
             "draft": str(args.draft) if args.draft else None,
             "captured_layers": list(captured),
             "drafter_config": drafter.describe() if hasattr(drafter, "describe") else None,
@@ -342,7 +272,8 @@ def main(argv: list[str] | None = None) -> None:
             "calibration": gating_source,
             "policies": {n: p.name for n, p in policies.items()},
             "eos_id": eos,
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                     if k not in ("gating", "built")},
         }
         Path(f"{stem}.json").write_text(json.dumps({**meta, "rows": summaries, "mismatch_details": mismatches}, indent=2) + "\n")
         Path(f"{stem}.md").write_text(f"`{meta['command']}` on {meta['device']}\n\n{table}\n")
@@ -350,8 +281,9 @@ def main(argv: list[str] | None = None) -> None:
     if mismatches:
         n = sum(len(v) for v in mismatches.values())
         print(f"!!! {n} speculative outputs differ from greedy AR decoding: {', '.join(mismatches)}", file=sys.stderr)
-        sys.exit(1)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cli_args import CommandError, Parser, out_dir, run
+
 CONTROL_GOAL = 0.03
 
 
@@ -256,14 +258,32 @@ def _save(plt, fig, path: Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="echo-bench figures", description=__doc__.splitlines()[0])
-    ap.add_argument("path", help="an echo-bench serve output folder, or its serve.json")
-    ap.add_argument("--out", default=None, help="where the PNGs go (default: next to serve.json)")
+def _serve_json(text: str) -> Path:
+    """An `echo-bench serve` output folder holding serve.json, or the file itself."""
+    path = Path(text)
+    if not (path / "serve.json" if path.is_dir() else path).is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no serve.json there" if path.is_dir() else f"{text}: no such file")
+    return path
+
+
+def parser() -> Parser:
+    ap = Parser(prog="echo-bench figures", description=__doc__.splitlines()[0])
+    ap.add_argument("path", type=_serve_json, help="an echo-bench serve output folder, or its serve.json")
+    ap.add_argument("--out", type=out_dir, default=None, help="where the PNGs go (default: next to serve.json)")
     ap.add_argument("--markdown", action="store_true", help="also rewrite serve.md from serve.json")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
+    return run(ap.prog, lambda: _draw(args), args.debug)
+
+
+def _draw(args) -> None:
     data, folder = load(args.path)
-    out = Path(args.out) if args.out else folder
+    out = args.out or folder
+    out.mkdir(parents=True, exist_ok=True)
     written = render(data, out)
     if args.markdown:
         from .serve import report_from_json
@@ -272,6 +292,6 @@ def main(argv: list[str] | None = None) -> None:
         (out / "serve.md").write_text(markdown(report_from_json(data)))
         written.append(out / "serve.md")
     if not written:
-        raise SystemExit("nothing written (is matplotlib installed?)")
+        raise CommandError("nothing written (is matplotlib installed?)")
     for p in written:
         print(p)

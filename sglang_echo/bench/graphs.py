@@ -19,24 +19,25 @@ run of the same stages, and ``kernels`` under Triton's interpreter: a check, not
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
+from ..cli_args import Parser, check_device, name_list, out_file
+from ..cli_args import run as run_command
+from ..cli_args import device as device_arg
 from ..core import PolicyConfig, build_trees, make_policy
 from ..core.factory import ELASTIC_POLICIES, max_tree_size
 from ..core.graphs import GraphedTreeBuilder
 from ..core.synthetic import SyntheticDrafter, SyntheticWorld
 from ..integration.padded import DenseVerifyTensors, dense_from_padded, to_sglang_dense
 from .machine import describe
-from .scheduler import TimedDrafter, bench_cases, case_label, device_sync, median_p99
+from .scheduler import TimedDrafter, add_batch_options, bench_cases, case_label, device_sync, median_p99
 
 
 def same_layout(a: DenseVerifyTensors, b: DenseVerifyTensors) -> bool:
@@ -93,25 +94,38 @@ def time_modes(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int
             "drafts": {m: n / steps for m, n in drafts.items()}, "differ": differ, "steps": warmup + steps}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="echo-bench graphs", description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--vocab", type=int, default=49152, help="SmolLM2's vocabulary size by default")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--compile", action="store_true", help="also fuse each stage with Inductor before capture (slow to build)")
+def parser() -> Parser:
+    ap = Parser(prog="echo-bench graphs", description=__doc__.splitlines()[0])
+    add_batch_options(ap, batch=64, steps=30, warmup=3)
+    ap.add_argument("--device", type=device_arg, default=None, help="default: cuda if available, else cpu")
+    ap.add_argument("--compile", action="store_true",
+                    help="also fuse each stage with Inductor before capture (slow to build)")
     ap.add_argument("--kernels", action="store_true",
                     help="also time the fused Triton control kernels (ECHO and its ablations only)")
-    ap.add_argument("--policies", default="", help="comma-separated policy names to keep (default: all)")
-    ap.add_argument("--out", type=Path, default=None, help="also write OUT.json (rows, machine, command)")
+    ap.add_argument("--policies", type=name_list(sorted({n for n, _ in bench_cases(1)}), what="policy"), default=None,
+                    help="comma-separated policy names to keep (default: all)")
+    ap.add_argument("--out", type=out_file, default=None, help="also write OUT.json (rows, machine, command)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
-    device = torch.device(args.device)
-    keep = set(filter(None, args.policies.split(",")))
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(ap, args.device)
+    keep = set(args.policies or ())
     if args.kernels:
         keep = (keep or set(ELASTIC_POLICIES)) & set(ELASTIC_POLICIES)
-        if device.type != "cuda":  # a dry run: Triton's interpreter, set before the kernels are imported
-            os.environ["TRITON_INTERPRET"] = "1"
+        if not keep:
+            ap.error(f"--kernels times ECHO and its ablations ({', '.join(sorted(ELASTIC_POLICIES))}); "
+                     f"--policies {','.join(args.policies)} keeps none of them")
+    return run_command(ap.prog, lambda: _bench(args, keep, argv), args.debug)
+
+
+def _bench(args, keep: set[str], argv: list[str] | None) -> None:
+    device = torch.device(args.device)
+    if args.kernels and device.type != "cuda":  # a dry run: Triton's interpreter, set before the kernels are imported
+        os.environ["TRITON_INTERPRET"] = "1"
     cases = [(n, c) for n, c in bench_cases(args.batch) if not keep or n in keep]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (no CUDA: graph stages run eagerly)"
     modes = ["eager", "graphs", "all depths"] + ["fused"] * args.compile + ["kernels"] * args.kernels

@@ -13,7 +13,6 @@ the control plane's GPU cost on any machine.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..cli_args import Parser, at_least, check_device, count, positive_int, run
+from ..cli_args import device as device_arg
 from ..core import PolicyConfig, build_trees, greedy_verify, make_policy, pack
 from ..core.synthetic import SyntheticDrafter, SyntheticWorld
 
@@ -169,17 +170,33 @@ def median_p99(xs: list[float]) -> tuple[float, float]:
     return statistics.median(xs), xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="echo-bench scheduler", description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--vocab", type=int, default=49152, help="SmolLM2's vocabulary size by default")
+def add_batch_options(ap: Parser, batch: int, steps: int, warmup: int) -> None:
+    """The synthetic batch's options, shared with ``echo-bench graphs``."""
+    ap.add_argument("--batch", type=positive_int, default=batch, help="requests in the synthetic batch")
+    ap.add_argument("--steps", type=positive_int, default=steps, help="timed steps per policy")
+    ap.add_argument("--warmup", type=count, default=warmup, help="untimed steps first")
+    ap.add_argument("--vocab", type=at_least(2), default=49152, help="SmolLM2's vocabulary size by default")
+
+
+def parser() -> Parser:
+    ap = Parser(prog="echo-bench scheduler", description=__doc__.splitlines()[0])
+    add_batch_options(ap, batch=256, steps=50, warmup=5)
     # The control plane is many small tensor ops: intra-op threads only add synchronisation
     # (and collapse when the target model's threads compete for the same cores), so 1 is default.
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
-    ap.add_argument("--device", default="cpu", help="where the policy's tensors live (cuda: as in a GPU server)")
+    ap.add_argument("--threads", type=count, default=1, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--device", type=device_arg, default="cpu",
+                    help="where the policy's tensors live (cuda: as in a GPU server)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
+    check_device(ap, args.device)
+    return run(ap.prog, lambda: _bench(args), args.debug)
+
+
+def _bench(args) -> None:
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -193,4 +210,3 @@ def main(argv: list[str] | None = None) -> None:
         print(t.row(), flush=True)
     print("ctl = gating + scheduling + packing (drafter excluded); ver = greedy tree verification; ms;")
     print("ops / syncs = tensor ops (no views or wrapped scalars) / host syncs of one step's control plane (GPU launches / stalls)")
-

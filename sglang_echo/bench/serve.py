@@ -4,11 +4,11 @@ Every configuration serves the same prompts with the same target, dtype, draft h
 levels, in one run, so the printed ratios compare like with like. Greedy outputs of every
 speculative configuration are checked against no speculation (``none``).
 
-    echo-bench serve --configs none,ngram,eagle3,echo --concurrency 1,8,32 --max-new 64
+    echo-bench serve --configs none,ngram,eagle3,echo --concurrency 1,8,32 --max-new-tokens 64
     echo-bench serve --configs none,eagle3,echo,echo-dart,echo-ngram   # drafters side by side
     echo-bench serve --configs none,echo,echo-dense,echo-fixed --calibration C.json   # Sec. 5.3 ablation
     echo-bench serve --base-url none=http://h:30000,echo=http://h:30001 --request-rate 4,16,inf
-    echo-bench serve --configs none,echo --model-dir benchmarks/configs/llama-3.1-8b.json \\
+    echo-bench serve --configs none,echo --model benchmarks/configs/llama-3.1-8b.json \\
         --load-format dummy --token-prompts 256:512 --device cuda --draft H --dtype bfloat16
 
 Servers are started here (``--configs``: :mod:`.serve_configs`), or already running
@@ -43,6 +43,8 @@ from contextlib import AbstractContextManager, ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
+from ..cli_args import CommandError, has_tokenizer
+from ..cli_args import run as run_command
 from .load import Level, run_level
 from .machine import describe
 from .requester import Outcome, send
@@ -55,7 +57,7 @@ from .serve_endpoint import (
 from .serve_run import Report, Run, report_from_json, request_record
 from .serve_tables import markdown, quartiles
 from .targets import Target, TargetError, probe
-from .workload import PromptItem, has_tokenizer, text_prompts, token_prompts, vocab_size
+from .workload import PromptItem, text_prompts, token_prompts, vocab_size
 
 __all__ = ["Report", "Run", "level_requests", "main", "markdown", "max_new_tokens", "quartiles", "report_from_json",
            "request_record", "run", "warmup_level", "write"]
@@ -64,7 +66,7 @@ __all__ = ["Report", "Run", "level_requests", "main", "markdown", "max_new_token
 def run(args: argparse.Namespace) -> Report:
     """Measure every config at every level (``args`` from :func:`serve_args.parse_args`)."""
     if args.base_urls:
-        targets = [probe(name, url, args.model) for name, url in args.base_urls]
+        targets = [probe(name, url, args.served_model_name) for name, url in args.base_urls]
         bench = _bench(args, None, {}, None, _prompt_source(args, targets))
         settings = {"targets": {t.name: {"url": t.url, "api": t.api, "model": t.model or t.model_path}
                                 for t in targets}}
@@ -92,8 +94,8 @@ def _load_settings(bench: Bench) -> dict:
     return {"configs": a.config_names, "levels": [lv.key for lv in bench.levels],
             "mode": "concurrency" if a.rates is None else "request-rate", "concurrency": a.levels_c,
             "request_rate": a.rates, "max_concurrency": a.max_concurrency, "num_requests": a.num_requests,
-            "seed": a.seed, "stream": a.stream, "ignore_eos": a.ignore_eos, "max_new": a.max_new,
-            "max_new_jitter": a.max_new_jitter, "prompts": len(bench.items), "per_set": a.per_set,
+            "seed": a.seed, "stream": a.stream, "ignore_eos": a.ignore_eos, "max_new": a.max_new_tokens,
+            "max_new_jitter": a.max_new_tokens_jitter, "prompts": len(bench.items), "per_set": a.per_set,
             "token_prompts": a.token_prompts, "warmup_requests": a.warmup_requests, "lossless": _lossless_note(a)}
 
 
@@ -122,7 +124,7 @@ def _prompt_items(args: argparse.Namespace, source: Path | None) -> list[PromptI
     tokenizer (SmolLM2's when ``source`` is None)."""
     if args.token_shape is not None:
         if source is None:
-            raise TargetError("--token-prompts with --base-url: pass --model-dir (a folder or config with the "
+            raise TargetError("--token-prompts with --base-url: pass --model (a folder or config with the "
                               "served model's vocab_size)")
         n, length = args.token_shape
         return token_prompts(n, length, vocab_size(source), args.seed)
@@ -132,7 +134,7 @@ def _prompt_items(args: argparse.Namespace, source: Path | None) -> list[PromptI
 
 
 def _prompt_source(args: argparse.Namespace, targets: Sequence[Target]) -> Path | None:
-    """Where ``--base-url`` runs take the vocabulary or tokenizer from: ``--model-dir``, else a model
+    """Where ``--base-url`` runs take the vocabulary or tokenizer from: ``--model``, else a model
     folder a native server reports and this machine has, else None (SmolLM2 for text prompts)."""
     if args.model_folder is not None:
         return args.model_folder
@@ -142,7 +144,7 @@ def _prompt_source(args: argparse.Namespace, targets: Sequence[Target]) -> Path 
             if args.token_shape is not None or has_tokenizer(folder):
                 return folder
     if args.token_shape is None:
-        print("[echo-bench] prompts rendered with SmolLM2's chat template (pass --model-dir for the served model's)",
+        print("[echo-bench] prompts rendered with SmolLM2's chat template (pass --model for the served model's)",
               flush=True)
     return None
 
@@ -255,25 +257,26 @@ def _progress(r: Run) -> str:
     return line
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv, __doc__.splitlines()[0])
+    return run_command("echo-bench serve", lambda: _serve(args, argv), args.debug)
+
+
+def _serve(args: argparse.Namespace, argv: list[str] | None) -> int:
     import requests
 
-    args = parse_args(argv, __doc__.splitlines()[0])
     try:
         report = run(args)
     except TargetError as e:  # found before any level ran: a server that is not there or not usable
-        _fail(str(e), 2)
+        print(f"echo-bench serve: error: {e}", file=sys.stderr)
+        return 2
     except requests.RequestException as e:
-        _fail(f"a request failed: {e}", 1)
+        raise CommandError(f"a request failed: {e}") from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write(report, out, "echo-bench serve " + " ".join(argv or []))
     print(markdown(report))
-
-
-def _fail(message: str, status: int) -> None:
-    print(f"echo-bench serve: error: {message}", file=sys.stderr)
-    sys.exit(status)
+    return 0
 
 
 def write(report: Report, out: Path, command: str) -> list[Path]:

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
+from ..cli_args import DTYPES, SERVER_DEVICES, Parser, alias, count, has_tokenizer, out_dir, port, positive_int
 from ..integration.config import DRAFTERS
 from .arrivals import parse_rates
 from .serve_configs import CONFIGS
 from .targets import TargetError, parse_base_urls
-from .workload import has_tokenizer, model_folder, parse_token_prompts, vocab_size
+from .workload import model_folder, parse_token_prompts, vocab_size
 
 DEFAULT_CONFIGS = "none,ngram,eagle3,echo"
 DEFAULT_CONCURRENCY = "1,8,32"
@@ -22,63 +24,60 @@ SERVER_ONLY = ("configs", "dtype", "max_total_tokens", "draft", "dart_draft", "d
                "load_format", "device", "attention_backend")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        """One line, no usage block: the option and what is wrong with it."""
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def parser(description: str = "") -> argparse.ArgumentParser:
-    ap = _Parser(prog="echo-bench serve", description=description)
+def parser(description: str = "") -> Parser:
+    ap = Parser(prog="echo-bench serve", description=description)
     add = ap.add_argument
     add("--configs", default=None, help=f"comma list of {','.join(CONFIGS)} (default {DEFAULT_CONFIGS})")
     add("--base-url", default=None, metavar="URL|NAME=URL,...",
         help="measure servers already running instead of starting them: one URL, or NAME=URL pairs side by side "
              "(none=URL is what speedups and the lossless check compare with)")
-    add("--model", default=None, help="the model name OpenAI-only --base-url servers are asked for "
-        "(default: the first one their /v1/models lists)")
+    add("--served-model-name", default=None, metavar="NAME",
+        help="the model name OpenAI-only --base-url servers are asked for (default: the first one their "
+             "/v1/models lists)")
     add("--concurrency", default=None, help=f"closed-loop levels: clients at once (default {DEFAULT_CONCURRENCY})")
     add("--request-rate", default=None, metavar="R[,R...]",
         help="open-loop levels instead: Poisson arrivals at R requests/s (seeded; inf: all at once)")
-    add("--max-concurrency", type=int, default=None, help="with --request-rate: at most this many requests in flight")
-    add("--num-requests", type=int, default=None,
+    add("--max-concurrency", type=positive_int, default=None,
+        help="with --request-rate: at most this many requests in flight")
+    add("--num-requests", type=positive_int, default=None,
         help="with --request-rate: requests per level (default: the prompt pool's size)")
     add("--stream", action=argparse.BooleanOptionalAction, default=True,
         help="stream every response (TTFT and inter-token latency); --no-stream: one response per request")
-    add("--ignore-eos", action="store_true", help="generate max-new tokens whatever the model says (random weights)")
+    add("--ignore-eos", action="store_true",
+        help="generate --max-new-tokens tokens whatever the model says (random weights)")
     add("--seed", type=int, default=0, help="seeds the Poisson arrivals and --token-prompts")
-    add("--rounds", type=int, default=1, help="requests per level = concurrency x rounds")
-    add("--min-requests", type=int, default=0,
+    add("--rounds", type=count, default=1, help="requests per level = concurrency x rounds")
+    add("--min-requests", type=count, default=0,
         help="at least this many requests per level (low concurrencies in a sweep up to 256)")
-    add("--repeats", type=int, default=1,
+    add("--repeats", type=positive_int, default=1,
         help="passes over the configs, alternating their order; speedups compare runs of one pass")
     add("--interleave", action="store_true",
         help="start every config's server at once and run each level of each pass config after config "
              "(ports --port, --port+10, ...): ratios then span one level's minutes, not a whole pass "
              "(--base-url runs always go this way)")
-    add("--per-set", type=int, default=10, help="prompts taken from each prompt set")
+    add("--per-set", type=positive_int, default=10, help="prompts taken from each prompt set")
     add("--token-prompts", default=None, metavar="N:LEN",
         help="N prompts of LEN random token ids (seeded, within the model's vocabulary) instead of the prompt "
              "sets; started servers skip tokenizer init")
-    add("--max-new", type=int, default=64)
-    add("--max-new-jitter", type=int, default=0,
-        help="spread each request's max new tokens over max-new +- this (a fixed pattern), so that "
+    add("--max-new-tokens", type=positive_int, default=64, help="generated tokens per request")
+    add("--max-new-tokens-jitter", type=count, default=0,
+        help="spread each request's max new tokens over --max-new-tokens +- this (a fixed pattern), so that "
              "plain decoding's requests do not finish in step")
-    add("--warmup-requests", type=int, default=16,
+    add("--warmup-requests", type=count, default=16,
         help=f"requests each server serves unmeasured before its first level, {WARMUP_CONCURRENCY} at a "
-             "time, --max-new tokens each (at least 1)")
-    add("--model-dir", default=None,
+             "time, --max-new-tokens tokens each")
+    add("--model", default=None,
         help="the target to start servers on instead of SmolLM2: a Hugging Face folder or a bare config file "
              "(e.g. benchmarks/configs/llama-3.1-8b.json); with --base-url, where token prompts and the "
              "tokenizer come from")
     add("--load-format", default=None, help="sglang's --load-format for started servers (dummy: random weights)")
-    add("--device", choices=("cpu", "cuda"), default=None, help="started servers' device (default: cuda if available)")
+    add("--device", choices=SERVER_DEVICES, default=None, help="started servers' device (default: cuda if available)")
     add("--attention-backend", default=None, help="started servers' attention backend (default: the platform's)")
-    add("--dtype", default=None, help=f"started servers' dtype (default {DEFAULT_DTYPE})")
+    add("--dtype", choices=DTYPES, default=None, help=f"started servers' dtype (default {DEFAULT_DTYPE})")
     add("--server-args", default="",
         help="more sglang flags for every started server, one string (e.g. \"--mem-fraction-static 0.25\" so that "
              "--interleave's servers share one GPU)")
-    add("--max-total-tokens", type=int, default=None,
+    add("--max-total-tokens", type=positive_int, default=None,
         help="every server's KV pool in tokens (default: make serve's: on CPUs 16,384, plus the draft "
              "slots a speculative server holds per running request)")
     add("--draft", default=None, help="EAGLE-3 head, a folder or a bare config (default: the shipped head)")
@@ -89,15 +88,18 @@ def parser(description: str = "") -> argparse.ArgumentParser:
     add("--calibration", default=None,
         help="echo-calibrate output for the echo* configs, or a folder of them / 'shipped' (each config takes "
              "the file made for its drafter; default: paper gates)")
-    add("--port", type=int, default=30400)
-    add("--out", default="benchmarks/results/cpu")
+    add("--port", type=port, default=30400, help="the first started server's port")
+    add("--out", type=out_dir, default="benchmarks/results/cpu", help="folder for serve.json, serve.md, ...")
+    alias(ap, "--model", "--model-dir")
+    alias(ap, "--max-new-tokens", "--max-new", "--max-tokens")
+    alias(ap, "--max-new-tokens-jitter", "--max-new-jitter", "--max-tokens-jitter")
     return ap
 
 
 def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namespace:
     """Parsed and checked options. Adds ``config_names``, ``base_urls`` ([(name, URL)] or []),
     ``levels_c`` (closed-loop concurrencies) or ``rates``, ``token_shape`` ((N, LEN) or None),
-    ``model_folder`` (the staged ``--model-dir`` or None) and ``head_folders`` (each drafter's given
+    ``model_folder`` (the staged ``--model`` or None) and ``head_folders`` (each drafter's given
     head, staged)."""
     ap = parser(description)
     args = ap.parse_args(argv)
@@ -120,13 +122,6 @@ def _ints(text: str, flag: str) -> list[int]:
 
 def check(args: argparse.Namespace) -> None:
     """Fill in the derived fields of :func:`parse_args`; ValueError (one line) on bad input."""
-    for flag, value, least in (("--repeats", args.repeats, 1), ("--max-new", args.max_new, 1),
-                               ("--per-set", args.per_set, 1), ("--rounds", args.rounds, 0),
-                               ("--min-requests", args.min_requests, 0), ("--warmup-requests", args.warmup_requests, 0),
-                               ("--max-concurrency", args.max_concurrency, 1), ("--num-requests", args.num_requests, 1),
-                               ("--max-new-jitter", args.max_new_jitter, 0)):
-        if value is not None and value < least:
-            raise ValueError(f"{flag} {value}: must be >= {least}")
     args.base_urls = parse_base_urls(args.base_url) if args.base_url else []
     if args.base_urls:
         given = [f"--{k.replace('_', '-')}" for k in SERVER_ONLY if getattr(args, k) is not None]
@@ -135,9 +130,9 @@ def check(args: argparse.Namespace) -> None:
                              "running servers (their names come before '=')")
         args.config_names = [name for name, _ in args.base_urls]
     else:
-        if args.model is not None:
-            raise ValueError("--model names the model of OpenAI-only --base-url servers; started servers serve "
-                             "--model-dir (or SmolLM2)")
+        if args.served_model_name is not None:
+            raise ValueError("--served-model-name names the model of OpenAI-only --base-url servers; started "
+                             "servers serve --model (or SmolLM2)")
         args.config_names = (args.configs or DEFAULT_CONFIGS).split(",")
         unknown = [c for c in args.config_names if c not in CONFIGS]
         if unknown:
@@ -154,12 +149,18 @@ def check(args: argparse.Namespace) -> None:
                 raise ValueError(f"--{flag.replace('_', '-')} applies to --request-rate levels")
         args.rates, args.levels_c = None, _ints(args.concurrency or DEFAULT_CONCURRENCY, "--concurrency")
     args.token_shape = parse_token_prompts(args.token_prompts) if args.token_prompts else None
-    args.model_folder = model_folder(Path(args.model_dir)) if args.model_dir else None
+    if args.calibration not in (None, "shipped") and not Path(args.calibration).exists():
+        raise ValueError(f"--calibration {args.calibration}: no such file or folder (or 'shipped')")
+    try:
+        shlex.split(args.server_args)
+    except ValueError as e:
+        raise ValueError(f"--server-args {args.server_args!r}: {e}") from None
+    args.model_folder = _target_folder(args) if args.model else None
     if args.model_folder is not None:
         if args.token_shape is not None:
             vocab_size(args.model_folder)  # raises where the config has none
         elif not has_tokenizer(args.model_folder):
-            raise ValueError(f"--model-dir {args.model_dir}: no tokenizer there to render the prompt sets; "
+            raise ValueError(f"--model {args.model}: no tokenizer there to render the prompt sets; "
                              "pass --token-prompts N:LEN")
     given = {d: getattr(args, HEAD_FLAGS[d][2:].replace("-", "_")) for d in HEAD_FLAGS}
     args.head_folders = {d: model_folder(Path(p), HEAD_FLAGS[d]) for d, p in given.items() if p}
@@ -167,12 +168,20 @@ def check(args: argparse.Namespace) -> None:
         _check_heads(args)
 
 
+def _target_folder(args: argparse.Namespace) -> Path:
+    try:
+        return model_folder(Path(args.model), "--model")
+    except ValueError as e:
+        hint = " (the model name OpenAI-only servers are asked for is --served-model-name)" if args.base_urls else ""
+        raise ValueError(f"{e}{hint}") from None
+
+
 def _check_heads(args: argparse.Namespace) -> None:
     """Shipped heads are SmolLM2's: another target's speculative configs need theirs given."""
     for name in args.config_names:
         drafter = needed_head(name, args.echo_drafter)
         if drafter is not None and drafter not in args.head_folders:
-            raise ValueError(f"--configs {name} with --model-dir: pass its {drafter} head ({HEAD_FLAGS[drafter]} DIR "
+            raise ValueError(f"--configs {name} with --model: pass its {drafter} head ({HEAD_FLAGS[drafter]} DIR "
                              "or a bare config file); the shipped heads draft for SmolLM2")
 
 

@@ -102,7 +102,7 @@ def warmup_level(pool: Sequence, requests: int, max_new: int) -> tuple[list, int
 
 
 def warm_up(bench: Bench, ep: Endpoint) -> None:
-    items, concurrency, budgets = warmup_level(bench.items, bench.args.warmup_requests, bench.args.max_new)
+    items, concurrency, budgets = warmup_level(bench.items, bench.args.warmup_requests, bench.args.max_new_tokens)
     run_level(lambda i: send(ep.target, items[i], budgets[i], stream=False, ignore_eos=bench.args.ignore_eos),
               len(items), concurrency)
 
@@ -164,7 +164,7 @@ def measure(bench: Bench, ep: Endpoint, level: Level, rep: int) -> Run:
     args, srv = bench.args, ep.server
     n = bench.requests_in(level)
     items = cycle(bench.items, n)
-    budgets = max_new_tokens(args.max_new, args.max_new_jitter, n)
+    budgets = max_new_tokens(args.max_new_tokens, args.max_new_tokens_jitter, n)
     arrivals = None if level.rate is None else poisson_arrivals(n, level.rate, args.seed)
     before = scrape_echo_metrics(ep.target.url) if ep.scrape else {}
     steps_before = settled_step_times(srv) if srv else None

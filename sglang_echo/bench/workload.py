@@ -4,9 +4,9 @@ and the model folder a started server loads.
 * Text prompts: the mixed prompt sets rendered with the target's chat template (the default).
 * ``--token-prompts N:LEN``: N prompts of LEN token ids drawn uniformly from the target's vocabulary
   by ``numpy.random.default_rng(seed)``, sent as ``input_ids``. They need no tokenizer, so a server
-  can start with ``--skip-tokenizer-init`` on a bare config (``--model-dir`` with ``--load-format
+  can start with ``--skip-tokenizer-init`` on a bare config (``--model`` with ``--load-format
   dummy``), where SmolLM2's tokenizer would not match the model's vocabulary.
-* ``--model-dir``: a Hugging Face model folder, or a bare ``config.json``-style file (e.g.
+* ``--model``: a Hugging Face model folder, or a bare ``config.json``-style file (e.g.
   ``benchmarks/configs/llama-3.1-8b.json``), which is staged as a folder of its own.
 """
 
@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ def cycle(items: list, n: int) -> list:
     return (items * (1 + n // len(items)))[:n]
 
 
-def model_folder(path: Path, what: str = "--model-dir") -> Path:
+def model_folder(path: Path, what: str = "--model") -> Path:
     """A folder sglang can load: ``path`` itself if it is one (it must hold ``config.json``), or a
     bare config file staged as ``<tmp>/sglang-echo-configs/<stem>-<hash>/config.json``
     (ValueError naming ``what`` and the path)."""
@@ -97,10 +96,6 @@ def model_folder(path: Path, what: str = "--model-dir") -> Path:
         except OSError:  # another process staged it first: same content
             shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def has_tokenizer(folder: Path) -> bool:
-    return any((Path(folder) / f).is_file() for f in TOKENIZER_FILES)
 
 
 def vocab_size(folder: Path) -> int:

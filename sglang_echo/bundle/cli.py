@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from sglang_echo.bundle import BundleError
+from sglang_echo.cli_args import CommandError, Parser, run
 from sglang_echo.bundle.build import ARCHIVE, BundleSpec, Built, build_bundle, install_line
 from sglang_echo.bundle.host import DEFAULT_HOST, load_host_packages
 from sglang_echo.bundle.needs import DEFAULT_RUNTIME, REPO_ROOT, load_build_needs, load_needs
@@ -25,19 +26,12 @@ from sglang_echo.bundle.target import Target
 DEFAULT_PLATFORM = "manylinux_2_39_x86_64"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        """One line, no usage block: the flag and what is wrong with it."""
-        self.exit(2, f"{self.prog}: {message}\n")
-
-
-def _parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="echo-bundle", description=__doc__.splitlines()[0],
-                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--python", default="3.12", help="the host's CPython version (default 3.12)")
+def _parser() -> Parser:
+    ap = Parser(prog="echo-bundle", description=__doc__.splitlines()[0])
+    ap.add_argument("--python", default="3.12", help="the host's CPython version")
     ap.add_argument("--platform", action="append", default=None,
                     help=f"the host's wheel platform tag, repeatable; manylinux_2_N_arch means glibc 2.N and "
-                         f"takes every older manylinux tag too (default {DEFAULT_PLATFORM})")
+                         f"takes every older manylinux tag too (default: {DEFAULT_PLATFORM})")
     ap.add_argument("--host-packages", type=Path, default=DEFAULT_HOST,
                     help="what the host has: `python3 -m pip list --format=json` output from the host, or "
                          "`name[==version]` lines (default: the lent nvidia-h200 image's list)")
@@ -52,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--find-links", type=Path, default=None,
                     help="take wheels only from this folder (no index, no pip configuration)")
     ap.add_argument("--out", type=Path, default=Path(".bundle"), help=f"writes OUT/{ARCHIVE} and OUT/manifest.json")
-    ap.add_argument("--max-mib", type=float, default=30.0, help="fail if the archive is larger (default 30)")
+    ap.add_argument("--max-mib", type=float, default=30.0, help="fail if the archive is larger")
     return ap
 
 
@@ -90,20 +84,22 @@ def _report(built: Built, shown: str) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
     try:
         spec = _spec(args)
     except BundleError as e:
-        print(f"echo-bundle: {e}", file=sys.stderr)
-        return 2
+        ap.error(str(e))
+    return run(ap.prog, lambda: _build(args, spec), args.debug)
+
+
+def _build(args: argparse.Namespace, spec: BundleSpec) -> None:
     shown = str(args.out / ARCHIVE)
     try:
         built = build_bundle(spec, archive_display=shown)
     except BundleError as e:
-        print(f"echo-bundle: {e}", file=sys.stderr)
-        return 1
+        raise CommandError(str(e)) from None
     print(_report(built, shown))
-    return 0
 
 
 if __name__ == "__main__":

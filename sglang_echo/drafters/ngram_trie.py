@@ -26,23 +26,12 @@ as pseudo-counts, ``count = count_corpus + local_weight * count_request``, befor
 context seen in the request (code being copied, a repeated name) is scored even when the corpus
 never saw it.
 
-CLI::
-
-    echo-build-ngram --tokenizer TARGET_DIR --out ngram-trie.safetensors INPUT [INPUT ...]
-
-INPUT: a directory of self-distilled shards (``shard-*.safetensors``, token ids), a shard file, a
-JSONL file (one object per line with ``text``, ``messages`` (chat, rendered with the tokenizer's
-template) or ``tokens``/``input_ids``), or a plain-text file (one document). Never build it from an
-evaluation set.
+A trie is built from a corpus with ``echo-build-ngram`` (:mod:`sglang_echo.training.ngram_cli`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -279,110 +268,3 @@ def continuation_prob(context: Tensor, tokens: Tensor, order: int, vocab_size: i
             prob = torch.where(hit, child / denom.clamp(min=1e-12), prob)
             matched = torch.where(hit, torch.full_like(matched, L), matched)
     return prob, matched
-
-
-# -- corpus readers and the CLI ---------------------------------------------------------------
-def _vocab_size(tokenizer_dir: Path, tok) -> int:
-    cfg = Path(tokenizer_dir) / "config.json"
-    if cfg.is_file():
-        v = json.loads(cfg.read_text()).get("vocab_size")
-        if v:
-            return int(v)
-    return len(tok)
-
-
-def _shard_docs(shard: Path, answers_only: bool) -> Iterator[Tensor]:
-    from sglang_echo.training.datagen import read_shard
-
-    try:
-        rows = read_shard(shard)
-    except Exception as e:  # noqa: BLE001
-        raise NGramTrieError(f"{shard}: not a self-distillation shard (input_ids/lengths/prompt_lengths): {e}") from None
-    for seq, plen in rows:
-        yield seq[plen:] if answers_only else seq
-
-
-def _jsonl_docs(path: Path, tok) -> Iterator[Tensor]:
-    with path.open(encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise NGramTrieError(f"{path}:{i}: invalid JSON ({e.msg})") from None
-            if isinstance(obj, dict) and isinstance(obj.get("tokens", obj.get("input_ids")), list):
-                yield torch.tensor(obj.get("tokens", obj.get("input_ids")), dtype=torch.int64)
-            elif isinstance(obj, dict) and isinstance(obj.get("text"), str):
-                yield torch.tensor(tok(obj["text"], add_special_tokens=False)["input_ids"], dtype=torch.int64)
-            elif isinstance(obj, dict) and isinstance(obj.get("messages"), list):
-                ids = tok.apply_chat_template(obj["messages"], tokenize=True)
-                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-                yield torch.tensor(ids, dtype=torch.int64)
-            else:
-                raise NGramTrieError(f"{path}:{i}: expected an object with 'text', 'messages' or 'tokens'")
-
-
-def _text_doc(path: Path, tok) -> Iterator[Tensor]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise NGramTrieError(f"{path}: not UTF-8 text (inputs: shard dirs/files, .jsonl, text)") from None
-    yield torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.int64)
-
-
-def corpus(inputs: list[Path], tok, answers_only: bool = False) -> Iterator[Tensor]:
-    """Token sequences of every input (see the module docstring for the formats)."""
-    for p in inputs:
-        p = Path(p)
-        if p.is_dir():
-            shards = sorted(p.glob("shard-*.safetensors"))
-            if not shards:
-                raise NGramTrieError(f"{p}: a directory without self-distillation shards (shard-*.safetensors)")
-            for s in shards:
-                yield from _shard_docs(s, answers_only)
-        elif not p.exists():
-            raise NGramTrieError(f"{p}: no such file or directory")
-        elif p.suffix == ".safetensors":
-            yield from _shard_docs(p, answers_only)
-        elif p.suffix == ".jsonl":
-            yield from _jsonl_docs(p, tok)
-        else:
-            yield from _text_doc(p, tok)
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="echo-build-ngram", description="Build DART's n-gram trie (safetensors) "
-                                 "from a corpus with the target's tokenizer.")
-    ap.add_argument("inputs", nargs="+", type=Path, help="shard dirs/files, .jsonl or text files")
-    ap.add_argument("--tokenizer", type=Path, required=True, help="the target's model dir (tokenizer + config.json)")
-    ap.add_argument("--out", type=Path, required=True, help="output .safetensors file")
-    ap.add_argument("--order", type=int, default=3, help="n-gram order (DART: 3)")
-    ap.add_argument("--min-count", type=int, default=1, help="drop n-grams (n >= 2) seen fewer times")
-    ap.add_argument("--answers-only", action="store_true", help="shards: only the answers, not the prompts")
-    args = ap.parse_args(argv)
-
-    from tqdm import tqdm
-    from transformers import AutoTokenizer
-
-    t0 = time.time()
-    try:
-        tok = AutoTokenizer.from_pretrained(str(args.tokenizer))
-    except Exception as e:  # noqa: BLE001
-        sys.exit(f"echo-build-ngram: cannot load a tokenizer from {args.tokenizer}: {e}")
-    V = _vocab_size(args.tokenizer, tok)
-    try:
-        docs = tqdm(corpus(args.inputs, tok, args.answers_only), desc="n-grams", unit="doc")
-        trie = NGramTrie.build(docs, V, args.order, args.min_count, meta={
-            "tokenizer": str(args.tokenizer), "source": ",".join(str(p) for p in args.inputs),
-            "answers_only": args.answers_only})
-        trie.save(args.out)
-    except NGramTrieError as e:
-        sys.exit(f"echo-build-ngram: {e}")
-    levels = ", ".join(f"{n}-grams {k.numel()}" for n, k in enumerate(trie.keys, 1))
-    print(f"wrote {args.out}: {trie.meta['sequences']} sequences, {trie.meta['tokens']} tokens, {levels}; "
-          f"{args.out.stat().st_size / 1e6:.2f} MB in {time.time() - t0:.1f}s")
-
-
-if __name__ == "__main__":
-    main()

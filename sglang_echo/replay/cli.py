@@ -1,7 +1,7 @@
 """``echo-replay``: record a trace once, replay any policy at any batch size, price it.
 
-    echo-replay record        --target DIR --drafter eagle3 --prompts humaneval,chat --out out/replay/eagle3
-    echo-replay measure-cost  --target DIR --drafter eagle3 --out cost-cpu.json
+    echo-replay record        --model DIR --drafter eagle3 --prompts humaneval,chat --out out/replay/eagle3
+    echo-replay measure-cost  --model DIR --drafter eagle3 --out cost-cpu.json
     echo-replay run           --trace out/replay/eagle3 --cost cost-cpu.json --out results/replay
     echo-replay validate      --trace out/replay/eagle3 --num-prompts 4
     echo-replay validate-server --trace out/replay/eagle3 --num-prompts 4 [--simulate --load-format dummy]
@@ -12,7 +12,6 @@ See ``sglang_echo/replay/README.md`` for the trace format, the cost model and th
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import sys
@@ -22,35 +21,14 @@ from typing import Optional
 
 import torch
 
+from sglang_echo.cli_args import prompt_counts, run
 from sglang_echo.core.factory import PolicyConfig
 
-DEFAULT_POLICIES = "chain,static-tree,budgeted-chain,dense-gating,fixed-threshold,echo"
-
-
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
+from .options import k_max_for, parse_args
 
 
 def _command(argv) -> str:
     return "echo-replay " + shlex.join(sys.argv[1:] if argv is None else argv)
-
-
-def _policy_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--policies", default=DEFAULT_POLICIES, help="names of core.factory.POLICIES or chainN")
-    ap.add_argument("--k-max", default="8x", help="batch verification cap: an integer, or Nx = N * batch size")
-    ap.add_argument("--max-depth", type=int, default=8)
-    ap.add_argument("--topk", type=int, default=10, help="static tree")
-    ap.add_argument("--total-tokens", type=int, default=60, help="static tree, root included")
-    ap.add_argument("--w-def", type=int, default=1)
-    ap.add_argument("--w-max", type=int, default=4)
-    ap.add_argument("--fixed-tau", type=float, default=0.3)
-    ap.add_argument("--calibration", type=Path, default=None, help="echo-calibrate output (default: paper gates)")
-    ap.add_argument("--max-new", type=int, default=None, help="generated tokens per stream (default: the trace's)")
-    ap.add_argument("--ignore-eos", action="store_true", help="streams run max-new tokens even past eos")
-
-
-def k_max_for(spec: str, batch: int) -> int:
-    return int(spec[:-1]) * batch if spec.endswith("x") else int(spec)
 
 
 def _policies(args, trace, batch: int) -> tuple[dict, PolicyConfig]:
@@ -63,8 +41,7 @@ def _policies(args, trace, batch: int) -> tuple[dict, PolicyConfig]:
         from sglang_echo.core.calibration_file import load_calibration
 
         calib = load_calibration(args.calibration, drafter_kind=trace.meta.drafter)
-    names = [p.strip() for p in args.policies.split(",") if p.strip()]
-    return {n: build_policy(n, cfg, calib) for n in names}, cfg
+    return {n: build_policy(n, cfg, calib) for n in args.policies}, cfg
 
 
 def _load_target(path: str, drafter: str, draft: Optional[str], device: str):
@@ -100,11 +77,11 @@ def cmd_record(args, argv) -> None:
         draft = SMOLLM2_EAGLE3
     tok = AutoTokenizer.from_pretrained(str(args.target))
     names, prompts = [], []
-    for s in [x.strip() for x in args.prompts.split(",") if x.strip()]:
-        names += [p.id for p in load(s, args.num_prompts)]
-        prompts += load_prompt_ids(s, args.num_prompts, tok, args.max_prompt_len)
+    for s, n in zip(args.prompts, prompt_counts(args.prompts, args.per_set, args.num_prompts)):
+        names += [p.id for p in load(s, n)]
+        prompts += load_prompt_ids(s, n, tok, args.max_prompt_len)
     target, drafter = _load_target(args.target, args.drafter, draft, args.device)
-    beams = sorted(set(_ints(args.beams)))
+    beams = sorted(set(args.beams))
     n_batches = -(-len(prompts) // args.batch)
     bar = tqdm(total=n_batches * (args.max_new + args.depth - 1), desc="record", unit="step")
     trees, outputs, secs = record(target, drafter, prompts, max_new=args.max_new, depth=args.depth, width=args.width,
@@ -140,8 +117,8 @@ def cmd_measure(args, argv) -> None:
         print("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()), flush=True)
 
     out = measure(Path(args.target), drafter=args.drafter, draft=Path(draft) if draft else None,
-                  batches=_ints(args.batches), per_request=_ints(args.tokens_per_request), frontiers=_ints(args.frontiers),
-                  catch_up_tokens=_ints(args.catch_up_tokens), prefix=args.prefix, max_tokens=args.max_tokens,
+                  batches=args.batches, per_request=args.tokens_per_request, frontiers=args.frontiers,
+                  catch_up_tokens=args.catch_up_tokens, prefix=args.prefix, max_tokens=args.max_tokens,
                   max_rows=args.max_rows, reps=args.reps, device=args.device, label=args.label,
                   command=_command(argv), progress=progress)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -166,8 +143,8 @@ def cmd_run(args, argv) -> None:
         c.control_s = args.control_ms / 1e3
     drafter = RecordedDrafter(trace)
     eos = None if args.ignore_eos else trace.meta.eos_id
-    batches = _ints(args.batch_sizes)
-    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    batches = args.batch_sizes
+    names = args.policies
     rows = []
     bar = tqdm(total=len(batches) * len(names), desc="replay", unit="run")
     for B in batches:
@@ -203,7 +180,7 @@ def cmd_run(args, argv) -> None:
 
 
 # -- validate ----------------------------------------------------------------------------------------
-def cmd_validate(args, argv) -> None:
+def cmd_validate(args, argv) -> int:
     from .trace import Trace
     from .validate import validate
 
@@ -226,8 +203,7 @@ def cmd_validate(args, argv) -> None:
         args.out.write_text(json.dumps({"command": _command(argv), "trace": str(args.trace), "prompts": prompts,
                                         "batch": args.batch, "k_max": cfg.k_max, "rows": rows}, indent=2) + "\n")
         print(f"wrote {args.out}")
-    if not all(r["exact"] for r in rows):
-        sys.exit(1)
+    return 0 if all(r["exact"] for r in rows) else 1
 
 
 def _spread(n: int, P: int) -> list[int]:
@@ -236,13 +212,11 @@ def _spread(n: int, P: int) -> list[int]:
     return sorted({i * P // n for i in range(n)})
 
 
-def cmd_validate_server(args, argv) -> None:
+def cmd_validate_server(args, argv) -> int:
     from .trace import Trace
     from .validate_server import validate_server
 
     trace = Trace.load(args.trace)
-    if args.ignore_eos:
-        raise SystemExit("echo-replay validate-server: --ignore-eos is not supported (the server stops at eos)")
     policies, cfg = _policies(args, trace, 1)
     prompts = _spread(args.num_prompts, trace.num_prompts)
     rows = validate_server(trace, policies, cfg, prompts, port=args.port, calibration=args.calibration,
@@ -253,18 +227,14 @@ def cmd_validate_server(args, argv) -> None:
         args.out.write_text(json.dumps({"command": _command(argv), "trace": str(args.trace), "prompts": prompts,
                                         "k_max": cfg.k_max, "rows": rows}, indent=2) + "\n")
         print(f"wrote {args.out}")
-    if not all(r["exact"] for r in rows):
-        sys.exit(1)
+    return 0 if all(r["exact"] for r in rows) else 1
 
 
 def cmd_sim_inputs(args, argv) -> None:
     from .sim_inputs import TreeShape, sim_inputs
     from .trace import Trace, trace_files
 
-    try:
-        shape = TreeShape.parse(args.eagle3_shape)
-    except ValueError as e:
-        raise SystemExit(f"echo-replay sim-inputs: {e}") from None
+    shape = TreeShape.parse(args.eagle3_shape)
     trace = Trace.load(args.trace)
     out = args.out or trace_files(args.trace)[1].with_suffix(".sim.json")
     data = sim_inputs(trace, Path(args.trace).resolve(), shape, args.max_new)
@@ -276,92 +246,14 @@ def cmd_sim_inputs(args, argv) -> None:
           f"max_new {data['max_new']} -> {out}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="echo-replay", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
+COMMANDS = {"record": cmd_record, "measure-cost": cmd_measure, "run": cmd_run, "validate": cmd_validate,
+            "validate-server": cmd_validate_server, "sim-inputs": cmd_sim_inputs}
 
-    r = sub.add_parser("record", help="record a trace (target greedy output + a draft tree per position)")
-    r.add_argument("--target", type=Path, required=True)
-    r.add_argument("--drafter", choices=("eagle3", "ngram"), required=True)
-    r.add_argument("--draft", type=Path, default=None, help="EAGLE-3 head (default: the shipped SmolLM2 head)")
-    r.add_argument("--prompts", default="humaneval,chat")
-    r.add_argument("--num-prompts", type=int, default=8, help="per prompt set")
-    r.add_argument("--max-prompt-len", type=int, default=None)
-    r.add_argument("--max-new", type=int, default=128)
-    r.add_argument("--depth", type=int, default=10, help="deepest recorded draft depth (>= any policy's)")
-    r.add_argument("--width", type=int, default=10, help="children asked per expanded node (>= any policy's k)")
-    r.add_argument("--beams", default="1,2,4,10,16", help="beam widths whose frontiers are expanded")
-    r.add_argument("--max-nodes", type=int, default=2048, help="node cap per tree, by path score")
-    r.add_argument("--batch", type=int, default=8, help="prompts recorded together")
-    r.add_argument("--ignore-eos", action="store_true", help="streams never stop at eos on replay")
-    r.add_argument("--device", default="cpu")
-    r.add_argument("--threads", type=int, default=0)
-    r.add_argument("--out", type=Path, required=True, help="trace stem: STEM.safetensors + STEM.json")
-    r.set_defaults(func=cmd_record)
 
-    m = sub.add_parser("measure-cost", help="time verify (and draft) forwards on this machine")
-    m.add_argument("--target", type=Path, required=True)
-    m.add_argument("--drafter", choices=("eagle3", "ngram"), default="eagle3")
-    m.add_argument("--draft", type=Path, default=None)
-    m.add_argument("--batches", default="1,8,32,64")
-    m.add_argument("--tokens-per-request", default="1,2,4,8,16", help="verify K = B * this")
-    m.add_argument("--max-tokens", type=int, default=1024, help="largest K measured")
-    m.add_argument("--frontiers", default="1,4,10,16", help="draft forward rows = B * this")
-    m.add_argument("--max-rows", type=int, default=1024)
-    m.add_argument("--catch-up-tokens", default="1,2,4")
-    m.add_argument("--prefix", type=int, default=128, help="KV prefix per request (mean prompt + half the output)")
-    m.add_argument("--reps", type=int, default=5)
-    m.add_argument("--label", default="cpu")
-    m.add_argument("--device", default="cpu")
-    m.add_argument("--threads", type=int, default=0)
-    m.add_argument("--out", type=Path, required=True)
-    m.set_defaults(func=cmd_measure)
-
-    u = sub.add_parser("run", help="replay policies at several batch sizes and model their throughput")
-    u.add_argument("--trace", type=Path, required=True)
-    u.add_argument("--cost", type=Path, action="append", default=[], help="cost curve JSON (repeatable: CPU, GPU)")
-    u.add_argument("--batch-sizes", default="1,8,32,64,128,256")
-    u.add_argument("--min-tokens", type=int, default=None, help="committed tokens per run (default: one pass of the trace)")
-    u.add_argument("--min-steps", type=int, default=32)
-    u.add_argument("--control-ms", type=float, default=0.0,
-                   help="the policy's control plane per drafting step, ms (echo-bench scheduler / graphs); default unpriced")
-    _policy_args(u)
-    u.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
-    u.set_defaults(func=cmd_run)
-
-    v = sub.add_parser("validate", help="replay == the offline engine, step for step, on trace prompts")
-    v.add_argument("--trace", type=Path, required=True)
-    v.add_argument("--target", default=None, help="default: the trace's")
-    v.add_argument("--draft", default=None, help="default: the trace's")
-    v.add_argument("--num-prompts", type=int, default=4)
-    v.add_argument("--batch", type=int, default=4)
-    v.add_argument("--device", default="cpu")
-    v.add_argument("--threads", type=int, default=0)
-    _policy_args(v)
-    v.add_argument("--out", type=Path, default=None)
-    v.set_defaults(func=cmd_validate)
-
-    vs = sub.add_parser("validate-server", help="replay == a real sglang ECHO server, request by request")
-    vs.add_argument("--trace", type=Path, required=True)
-    vs.add_argument("--num-prompts", type=int, default=4)
-    vs.add_argument("--port", type=int, default=30430)
-    _policy_args(vs)
-    vs.add_argument("--simulate", action="store_true",
-                    help="serve in simulated-acceptance mode on this trace (SGLANG_ECHO_SIMULATE)")
-    vs.add_argument("--load-format", default=None, help="sglang's --load-format for the target, e.g. dummy")
-    vs.add_argument("--out", type=Path, default=None)
-    vs.set_defaults(func=cmd_validate_server)
-
-    si = sub.add_parser("sim-inputs", help="a simulated-acceptance benchmark's prompts and EAGLE3 accept length")
-    si.add_argument("--trace", type=Path, required=True)
-    si.add_argument("--eagle3-shape", default="3/3/5", help="sglang EAGLE3's steps/topk/draft tokens")
-    si.add_argument("--max-new", type=int, default=None, help="tokens per request (default: the trace's)")
-    si.add_argument("--out", type=Path, default=None, help="default: STEM.sim.json")
-    si.set_defaults(func=cmd_sim_inputs)
-
-    args = ap.parse_args(argv)
-    args.func(args, argv)
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv, __doc__.splitlines()[0])
+    return run(f"echo-replay {args.cmd}", lambda: COMMANDS[args.cmd](args, argv), args.debug)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

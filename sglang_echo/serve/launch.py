@@ -1,8 +1,8 @@
 """Launch sglang's real server for sglang-echo (CPU platform when there is no GPU).
 
     python -m sglang_echo.serve.launch --spec none|ngram|eagle3|echo --port 30000 \
-        [--draft PATH] [--model DIR] [--dtype float32] [--enable-metrics] [--log-file F] \
-        [--dry-run] [-- <extra sglang args>]
+        [--draft PATH] [--model DIR] [--dtype float32] [--enable-metrics] [--deterministic] \
+        [--log-file F] [--dry-run] [-- <extra sglang args>]
 
 Prepares SmolLM2-135M-Instruct (cached) unless --model is given, prints what it is about to
 run, then exec()s `python -m sglang.launch_server` so signals go straight to sglang.
@@ -18,27 +18,36 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from sglang_echo.cli_args import DTYPES, SERVER_DEVICES, Parser, model_dir, out_file, port, positive_int, run
 from sglang_echo.serve.flags import (
     SPECS, LaunchError, ServerOptions, SpecOptions, build_command, resolve_device, resolve_dtype,
 )
 
 
+PROG = "python -m sglang_echo.serve.launch"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m sglang_echo.serve.launch", description=__doc__.splitlines()[0])
-    ap.add_argument("--spec", choices=SPECS, default="none")
-    ap.add_argument("--port", type=int, default=30000)
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--model", type=Path, default=None, help="target checkpoint (default: prepared SmolLM2)")
-    ap.add_argument("--draft", type=Path, default=None, help="EAGLE-3 draft head dir (eagle3/echo; default: the shipped head)")
-    ap.add_argument("--dtype", default=None,
-                    help="bfloat16 | float32 (default: bfloat16 on GPUs and on CPUs with bf16 GEMMs, else float32)")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
-    ap.add_argument("--max-total-tokens", type=int, default=None)
-    ap.add_argument("--num-steps", type=int, default=SpecOptions.num_steps)
-    ap.add_argument("--eagle-topk", type=int, default=SpecOptions.eagle_topk)
-    ap.add_argument("--num-draft-tokens", type=int, default=SpecOptions.num_draft_tokens)
-    ap.add_argument("--enable-metrics", action="store_true")
-    ap.add_argument("--log-file", type=Path, default=None, help="send server output here instead of the terminal")
+    ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", choices=SPECS, default="none", help="the speculative algorithm")
+    ap.add_argument("--port", type=port, default=30000, help="the server's port (the next one: its NCCL port)")
+    ap.add_argument("--host", default="127.0.0.1", help="the address the server listens on")
+    ap.add_argument("--model", type=model_dir, default=None, help="target checkpoint (default: prepared SmolLM2)")
+    ap.add_argument("--draft", type=model_dir, default=None,
+                    help="EAGLE-3 draft head dir (eagle3/echo; default: the shipped head)")
+    ap.add_argument("--dtype", choices=DTYPES, default=None,
+                    help="(default: bfloat16 on GPUs and on CPUs with bf16 GEMMs, else float32)")
+    ap.add_argument("--device", choices=SERVER_DEVICES, default=None, help="(default: cuda if available)")
+    ap.add_argument("--max-total-tokens", type=positive_int, default=None, help="the KV pool in tokens")
+    ap.add_argument("--num-steps", type=positive_int, default=SpecOptions.num_steps, help="eagle3: draft steps")
+    ap.add_argument("--eagle-topk", type=positive_int, default=SpecOptions.eagle_topk, help="eagle3: top-k per step")
+    ap.add_argument("--num-draft-tokens", type=positive_int, default=SpecOptions.num_draft_tokens,
+                    help="eagle3, ngram: draft tokens verified per step")
+    ap.add_argument("--enable-metrics", action="store_true", help="sglang's Prometheus metrics")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="batch-invariant serving (sglang's --enable-deterministic-inference): a request's "
+                         "tokens do not depend on what else runs, with or without speculation")
+    ap.add_argument("--log-file", type=out_file, default=None, help="send server output here instead of the terminal")
     ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: passed to sglang verbatim")
     args = ap.parse_args(argv)
@@ -91,6 +100,10 @@ def with_cpu_budget(opts: ServerOptions, device: str) -> ServerOptions:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run(PROG, lambda: _launch(args), args.debug)
+
+
+def _launch(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     args.dtype = resolve_dtype(args.dtype, device, args.model is None)
     opts = ServerOptions(
@@ -104,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype,
         max_total_tokens=args.max_total_tokens,
         enable_metrics=args.enable_metrics,
+        deterministic=args.deterministic,
         extra_args=tuple(args.extra),
     )
     needs_draft = args.spec in ("eagle3", "echo") and args.draft is None and not _echo_without_model(args.spec)
@@ -111,11 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         # Validate spec/draft before the (possibly slow) model preparation.
         build_command(replace(opts, draft_path=Path("<shipped-head>")) if needs_draft else opts)
     except LaunchError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {e}", file=sys.stderr)
         return e.exit_code
-    if args.draft is not None and not (args.draft / "config.json").is_file():
-        print(f"error: --draft {args.draft}: no config.json there", file=sys.stderr)
-        return 2
 
     if args.model is None:
         from sglang_echo.models.prepare import prepare_for_serving
@@ -132,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             args.draft = shipped_head(opts.model_path, drafter)
         except DraftMismatch as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"{PROG}: error: {e}", file=sys.stderr)
             return 2
         opts = replace(opts, draft_path=args.draft)
         print(f"[sglang-echo] no --draft given: using the shipped {DRAFTER_NAMES[drafter]} head "

@@ -1,6 +1,6 @@
 """``echo-train-drafter``: train a draft model for a target, from data the target writes itself.
 
-    echo-train-drafter --kind eagle3 --target DIR --out DIR [--data DIR] [--prompts 1280]
+    echo-train-drafter --kind eagle3 --model DIR --out DIR [--data DIR] [--num-prompts 1280]
         [--epochs 2] [--ttt-steps 5] [--draft-vocab 8192] [--batch-tokens 4096] [--lr 5e-4]
         [--eagle3-teacher target] [--init-from HEAD]
 
@@ -16,7 +16,6 @@ Kinds register in ``KINDS``; DART and DFlash slot in with their own objective.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import asdict
@@ -25,6 +24,10 @@ from pathlib import Path
 
 import torch
 
+from sglang_echo.cli_args import (
+    DTYPES, Parser, alias, at_least, between, check_device, count, model_dir, out_dir, positive_int, run,
+)
+from sglang_echo.cli_args import device as device_arg
 from sglang_echo.platform.packed_linear import pack_linears
 from sglang_echo.serve.flags import resolve_device
 
@@ -67,7 +70,6 @@ def build_dart(target: Path, seqs, args):
     return build(target, seqs, args)
 
 
-
 def build_dflash(target: Path, seqs, args):
     """(model, loss_fn, save_fn) of a DFlash block-diffusion head (``training.dflash``)."""
     from .dflash import build
@@ -87,58 +89,82 @@ def layers_for(kind: str, target: Path) -> tuple[int, ...]:
     return (2, L // 2, L - 3)  # EAGLE-3 and DART: low / mid / high
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="echo-train-drafter", description=__doc__.splitlines()[0])
-    ap.add_argument("--kind", choices=sorted(KINDS), default="eagle3")
-    ap.add_argument("--target", type=Path, default=None, help="target checkpoint dir (default: prepared SmolLM2, float32)")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--data", type=Path, default=None, help="self-distillation dir (default: OUT/data)")
-    ap.add_argument("--prompts", type=int, default=1280, help="prompt-pool size for self-distillation")
-    ap.add_argument("--prompt-offset", type=int, default=0,
-                    help="start at this pool prompt (e.g. past the data an --init-from head was trained on)")
-    ap.add_argument("--max-new", type=int, default=192)
-    ap.add_argument("--epochs", type=float, default=2.0)
-    ap.add_argument("--ttt-steps", type=int, default=5)
-    ap.add_argument("--eagle3-teacher", choices=("target", "labels"), default="labels",
-                    help="EAGLE-3: CE on the greedy labels, or KL to the target's distribution as SpecForge trains")
-    ap.add_argument("--init-from", type=Path, default=None,
-                    help="go on training this head of --kind (same target, geometry and draft vocabulary) instead of a fresh one")
-    ap.add_argument("--dart-depth", type=int, default=8, help="DART: shifted logits per forward (d; d-1 mask positions)")
-    ap.add_argument("--dart-gamma", type=float, default=0.6, help="DART: KL weight of output k is gamma^(k-1)")
-    ap.add_argument("--dart-teacher", choices=("target", "labels"), default="target",
-                    help="DART: KL to the target's distribution (its last layers on the captured features) or CE on the greedy labels")
-    ap.add_argument("--dart-shared-mask", action="store_true", help="DART: one mask vector for all positions (released DART layout)")
-    ap.add_argument("--block-size", type=int, default=8, help="DFlash: block size (anchor + block_size-1 masks)")
-    ap.add_argument("--draft-layers", type=int, default=2, help="DFlash: draft decoder layers")
-    ap.add_argument("--anchor-fraction", type=float, default=0.25, help="DFlash: anchors per answer token per sequence")
-    ap.add_argument("--dflash-gamma", type=float, default=None, help="DFlash: loss decay exp(-(k-1)/gamma) (default: the paper's 4/5/7 for bs 8/10/16)")
-    ap.add_argument("--mask-token-id", type=int, default=None, help="DFlash: mask token id (default: from the target's tokenizer)")
-    ap.add_argument("--draft-vocab", type=int, default=8192)
-    ap.add_argument("--batch-tokens", type=int, default=4096)
-    ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--warmup-steps", type=int, default=50)
-    ap.add_argument("--eval-fraction", type=float, default=0.03)
-    ap.add_argument("--save-every", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default=None, help="where the target and the head run (default: cuda if available, else cpu)")
-    ap.add_argument("--precision", choices=("auto", *PRECISIONS), default="auto",
-                    help="training forward: bf16 autocast or fp32 (auto: bf16 on GPUs and on CPUs with bf16 units)")
-    ap.add_argument("--gen-dtype", default="float32", help="target dtype for self-distillation (bfloat16 is ~1.5x faster on bf16 CPUs)")
-    ap.add_argument("--gen-backend", choices=BACKENDS, default="server",
-                    help="who answers the prompt pool: the sglang server (continuous batching) or transformers' generate")
-    ap.add_argument("--gen-batch", type=int, default=64, help="self-distillation requests in flight (server) or per generate call (hf)")
+def parser() -> Parser:
+    ap = Parser(prog="echo-train-drafter", description=__doc__.splitlines()[0])
+    add = ap.add_argument
+    fraction = between(0.0, 1.0, low_open=True)
+    positive = between(0.0, float("inf"), low_open=True)
+    add("--kind", choices=sorted(KINDS), default="eagle3", help="the drafter to train")
+    add("--model", type=model_dir, default=None, help="target checkpoint folder (default: prepared SmolLM2, float32)")
+    add("--out", type=out_dir, required=True, help="the head's folder (checkpoints, data and report in it)")
+    add("--data", type=out_dir, default=None, help="self-distillation folder (default: OUT/data)")
+    add("--num-prompts", type=positive_int, default=1280, help="prompts of the pool the target answers")
+    add("--prompt-offset", type=count, default=0,
+        help="start at this pool prompt (e.g. past the data an --init-from head was trained on)")
+    add("--max-new-tokens", type=positive_int, default=192, help="tokens the target generates per prompt")
+    add("--epochs", type=positive, default=2.0)
+    add("--ttt-steps", type=positive_int, default=5, help="EAGLE-3: training-time test steps")
+    add("--eagle3-teacher", choices=("target", "labels"), default="labels",
+        help="EAGLE-3: CE on the greedy labels, or KL to the target's distribution as SpecForge trains")
+    add("--init-from", type=model_dir, default=None,
+        help="go on training this head of --kind (same target, geometry and draft vocabulary) instead of a fresh one")
+    add("--dart-depth", type=at_least(2), default=8, help="DART: shifted logits per forward (d; d-1 mask positions)")
+    add("--dart-gamma", type=fraction, default=0.6, help="DART: KL weight of output k is gamma^(k-1)")
+    add("--dart-teacher", choices=("target", "labels"), default="target",
+        help="DART: KL to the target's distribution (its last layers on the captured features) or CE on the "
+             "greedy labels")
+    add("--dart-shared-mask", action="store_true",
+        help="DART: one mask vector for all positions (released DART layout)")
+    add("--block-size", type=at_least(2), default=8, help="DFlash: block size (anchor + block_size-1 masks)")
+    add("--draft-layers", type=positive_int, default=2, help="DFlash: draft decoder layers")
+    add("--anchor-fraction", type=fraction, default=0.25, help="DFlash: anchors per answer token per sequence")
+    add("--dflash-gamma", type=positive, default=None,
+        help="DFlash: loss decay exp(-(k-1)/gamma) (default: the paper's 4/5/7 for bs 8/10/16)")
+    add("--mask-token-id", type=count, default=None,
+        help="DFlash: mask token id (default: from the target's tokenizer)")
+    add("--draft-vocab", type=positive_int, default=8192, help="the head's draft vocabulary")
+    add("--batch-tokens", type=positive_int, default=4096, help="tokens per training batch")
+    add("--lr", type=positive, default=5e-4, help="peak learning rate")
+    add("--warmup-steps", type=count, default=50)
+    add("--eval-fraction", type=between(0.0, 1.0, low_open=True, high_open=True), default=0.03,
+        help="held-out share of the sequences")
+    add("--save-every", type=positive_int, default=100, help="checkpoint every this many steps")
+    add("--seed", type=int, default=0)
+    add("--device", type=device_arg, default=None,
+        help="where the target and the head run (default: cuda if available, else cpu)")
+    add("--precision", choices=("auto", *PRECISIONS), default="auto",
+        help="training forward: bf16 autocast or fp32 (auto: bf16 on GPUs and on CPUs with bf16 units)")
+    add("--gen-dtype", choices=DTYPES, default="float32",
+        help="target dtype for self-distillation (bfloat16 is ~1.5x faster on bf16 CPUs)")
+    add("--gen-backend", choices=BACKENDS, default="server",
+        help="who answers the prompt pool: the sglang server (continuous batching) or transformers' generate")
+    add("--gen-batch", type=positive_int, default=64,
+        help="self-distillation requests in flight (server) or per generate call (hf)")
+    alias(ap, "--model", "--target")
+    alias(ap, "--num-prompts", "--prompts")
+    alias(ap, "--max-new-tokens", "--max-new", "--max-tokens")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
+    check_device(ap, args.device)
+    return run(ap.prog, lambda: _train(args), args.debug)
+
+
+def _train(args) -> None:
     device = resolve_device(args.device)
     precision = args.precision = resolve_precision(args.precision, device)  # the kinds' builders read it too
 
-    target = args.target
+    target = args.model
     if target is None:
         from sglang_echo.models.prepare import prepare
 
         target = prepare(dtype="float32").path
     data = args.data or args.out / "data"
     t0 = time.time()
-    generate(target, data, args.prompts, args.max_new, batch=args.gen_batch, dtype=args.gen_dtype, device=device,
+    generate(target, data, args.num_prompts, args.max_new_tokens, batch=args.gen_batch, dtype=args.gen_dtype, device=device,
              backend=args.gen_backend, offset=args.prompt_offset)
 
     from transformers import AutoModelForCausalLM
@@ -165,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     report = train(model, loss_fn, save_fn, train_seqs, eval_seqs, cfg, args.out, device=device, precision=precision)
     model.save(args.out, dtype=torch.bfloat16)
     report.update(kind=args.kind, target=str(target), captured_layers=list(layers), ttt_steps=args.ttt_steps,
-                  draft_vocab=args.draft_vocab, train_config=asdict(cfg), prompts=args.prompts,
+                  draft_vocab=args.draft_vocab, train_config=asdict(cfg), prompts=args.num_prompts,
                   prompt_offset=args.prompt_offset, init_from=str(args.init_from) if args.init_from else None,
                   init_eval_top1_per_step=start_acc, device=device,
                   precision=precision, gen_dtype=args.gen_dtype, gen_backend=args.gen_backend,

@@ -380,7 +380,7 @@ def test_step_times_are_taken_around_each_level_from_the_server_log(monkeypatch,
 
     monkeypatch.setattr(serve_endpoint, "send", send)
     monkeypatch.setattr(step_times, "LOG_EVERY_S", 0.0)
-    args = SimpleNamespace(rounds=1, min_requests=0, max_new=4, max_new_jitter=0, seed=0, stream=False,
+    args = SimpleNamespace(rounds=1, min_requests=0, max_new_tokens=4, max_new_tokens_jitter=0, seed=0, stream=False,
                            ignore_eos=False)
     items = [PromptItem("a", "x", text="a"), PromptItem("b", "y", text="b")]
     for device, want in (("cpu", {"decode": {"2": [5, 0.5]}, "prefill": {"2": [1, 0.2]}}), ("cuda", None)):

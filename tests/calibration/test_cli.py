@@ -15,14 +15,22 @@ def _calib_env(path: Path, drafter: str):
     return load_config(environ={"SGLANG_ECHO_CALIBRATION": str(path), "SGLANG_ECHO_DRAFTER": drafter})
 
 
+def _status(argv: list[str]) -> int:
+    """main's exit status, whether it returned it or argparse exited with it."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
 def test_draft_for_another_vocabulary_is_refused(tmp_path, capsys):
     model, draft = tmp_path / "model", tmp_path / "draft"
     for d, vocab in ((model, 100), (draft, 200)):
         d.mkdir()
         (d / "config.json").write_text(json.dumps({"vocab_size": vocab, "hidden_size": 8}))
-    assert main(["--drafter", "eagle3", "--model", str(model), "--draft", str(draft), "--out", str(tmp_path / "c.json")]) == 2
+    assert _status(["--drafter", "eagle3", "--model", str(model), "--draft", str(draft), "--out", str(tmp_path / "c.json")]) == 2
     assert "trained for a target with vocab_size=200" in capsys.readouterr().err
-    assert main(["--drafter", "ngram", "--model", str(model), "--draft", str(draft), "--out", str(tmp_path / "c.json")]) == 2
+    assert _status(["--drafter", "ngram", "--model", str(model), "--draft", str(draft), "--out", str(tmp_path / "c.json")]) == 2
 
 
 @pytest.mark.parametrize("content, message", [
@@ -37,8 +45,9 @@ def test_bad_prompt_files_exit_2_with_a_reason(tmp_path, capsys, smollm2_dir, co
     if content is not None:
         prompts.write_text(content)
     out = tmp_path / "c.json"
-    assert main(["--drafter", "ngram", "--model", str(smollm2_dir), "--prompts", str(prompts), "--out", str(out)]) == 2
-    assert message in capsys.readouterr().err
+    assert _status(["--drafter", "ngram", "--model", str(smollm2_dir), "--prompts", str(prompts), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("error:") == 1
     assert not out.exists()
 
 

@@ -158,7 +158,19 @@ def ngram_documents() -> list[dict]:
     return docs
 
 
-def test_ngram_overlay_serves_without_a_draft_head():
+def _in_volumes(args: list[str], root: Path) -> list[str]:
+    """The Job's arguments with its volumes' paths under ``root``, holding what echo-calibrate
+    checks before it starts: a target and a draft head of one geometry, and a prompts file."""
+    for folder in ("models/target", "models/draft"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / folder / "config.json").write_text(json.dumps({"vocab_size": 64, "hidden_size": 8}))
+    (root / "models/draft/model.safetensors").touch()
+    (root / "models/calibration-prompts.jsonl").write_text('{"prompt": "Hi"}\n')
+    (root / "calibration").mkdir(exist_ok=True)
+    return [a.replace("=/models/", f"={root}/models/").replace("=/calibration/", f"={root}/calibration/") for a in args]
+
+
+def test_ngram_overlay_serves_without_a_draft_head(tmp_path):
     """The overlay's server passes no draft path (launch.sh then gives sglang none) and runs
     the n-gram drafter; its calibration Job calibrates that drafter, with arguments
     echo-calibrate accepts; every patched manifest is still schema-valid."""
@@ -171,10 +183,10 @@ def test_ngram_overlay_serves_without_a_draft_head():
     env = {e["name"]: e.get("value") for e in server["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["SGLANG_ECHO_DRAFTER"] == "ngram" and "DRAFT_PATH" not in env
     job = next(d for d in docs if d["kind"] == "Job")
-    args = parse_args(job["spec"]["template"]["spec"]["containers"][0]["args"])
+    args = parse_args(_in_volumes(job["spec"]["template"]["spec"]["containers"][0]["args"], tmp_path))
     assert args.drafter == "ngram" and args.draft is None
     base_job = by_kind("Job")[0]
-    base = parse_args(base_job["spec"]["template"]["spec"]["containers"][0]["args"])
+    base = parse_args(_in_volumes(base_job["spec"]["template"]["spec"]["containers"][0]["args"], tmp_path))
     assert base.drafter == "eagle3" and base.draft is not None and base.out == args.out
 
 

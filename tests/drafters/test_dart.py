@@ -29,7 +29,6 @@ from sglang_echo.drafters.ngram_trie import (
     NGramTrieError,
     continuation_prob,
 )
-from sglang_echo.drafters.ngram_trie import main as build_ngram_main
 from sglang_echo.models.tiny import draft_vocab_ids
 
 V, VD, H, D = 97, 40, 32, 4
@@ -260,6 +259,7 @@ def test_bad_trie_files_are_clear_errors(tmp_path):
 
 def test_build_ngram_cli(tmp_path, capsys):
     from sglang_echo.training.datagen import write_shard
+    from sglang_echo.training.ngram_cli import main as build_ngram_main
 
     tok_dir = tmp_path / "tok"
     tok_dir.mkdir()
@@ -268,18 +268,21 @@ def test_build_ngram_cli(tmp_path, capsys):
     shards.mkdir()
     write_shard(shards / "shard-00000.safetensors", [(TOY.tolist(), 3), ([4, 5, 6], 1)])
     out = tmp_path / "t.safetensors"
-    build_ngram_main([str(shards), "--tokenizer", str(tok_dir), "--out", str(out)])
+    assert build_ngram_main([str(shards), "--model", str(tok_dir), "--out", str(out)]) == 0
     trie = NGramTrie.load(out, vocab_size=V)
     assert trie.meta["tokens"] == "14" and "wrote" in capsys.readouterr().out
     jl = tmp_path / "c.jsonl"
     jl.write_text('{"tokens": [1, 2, 3]}\n{"text": "ab"}\n\n')
-    build_ngram_main([str(jl), "--tokenizer", str(tok_dir), "--out", str(out), "--answers-only"])
+    assert build_ngram_main([str(jl), "--model", str(tok_dir), "--out", str(out), "--answers-only"]) == 0
     assert NGramTrie.load(out).meta["sequences"] == "2"
     jl.write_text('{"tokens": [1, 2]}\n{"oops": 1}\n')
-    for bad, msg in ((jl, "c.jsonl:2"), (tmp_path / "tok", "without self-distillation shards"),
-                     (tmp_path / "nope.jsonl", "no such file")):
-        with pytest.raises(SystemExit, match=msg):
-            build_ngram_main([str(bad), "--tokenizer", str(tok_dir), "--out", str(out)])
+    assert build_ngram_main([str(jl), "--model", str(tok_dir), "--out", str(out)]) == 1  # found while counting
+    assert "echo-build-ngram: error: " in (err := capsys.readouterr().err) and "c.jsonl:2" in err
+    for bad, msg in ((tmp_path / "tok", "without self-distillation shards"), (tmp_path / "nope.jsonl", "no such file")):
+        with pytest.raises(SystemExit) as e:  # found before any work
+            build_ngram_main([str(bad), "--model", str(tok_dir), "--out", str(out)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and msg in err and err.count("\n") == 1
 
 
 def _write_char_tokenizer(d):
@@ -453,7 +456,7 @@ def test_lossless_under_every_policy(tiny_target):
     assert res.tokens == ar.tokens
 
 
-def test_acceptance_bench_runs_dart(tmp_path, tiny_target):
+def test_acceptance_bench_runs_dart(tmp_path, tiny_target, capsys):
     from sglang_echo.bench import acceptance
     from sglang_echo.eval import HFTarget
 
@@ -461,8 +464,8 @@ def test_acceptance_bench_runs_dart(tmp_path, tiny_target):
     drafter = _tiny_drafter(target, [[1, 2, 3]], [torch.tensor([4, 5])])
     drafter.head.save(tmp_path / "head", dtype=torch.float32)
     drafter.trie.save(tmp_path / "head" / "ngram-trie.safetensors")  # found next to the head by default
-    small = ["--target", str(tiny_target), "--drafter", "dart", "--draft", str(tmp_path / "head"),
-             "--prompts", "chat", "--num-prompts", "2", "--max-new", "6", "--batch", "2", "--max-depth", "4",
+    small = ["--model", str(tiny_target), "--drafter", "dart", "--draft", str(tmp_path / "head"),
+             "--prompts", "chat", "--per-set", "2", "--max-new-tokens", "6", "--batch", "2", "--max-depth", "4",
              "--topk", "3", "--total-tokens", "8", "--device", "cpu", "--policies", "chain3,echo,dart-tree"]
     for extra, trie in (([], "yes"), (["--no-ngram"], None)):
         acceptance.main([*small, *extra, "--out", str(tmp_path / "res")])
@@ -472,5 +475,7 @@ def test_acceptance_bench_runs_dart(tmp_path, tiny_target):
         assert (f"trie={trie}" in data["drafter_config"]) if trie else "ngram=off" in data["drafter_config"]
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"nope")
-    with pytest.raises(SystemExit, match="not a safetensors n-gram trie"):
-        acceptance.main([*small, "--ngram", str(bad)])
+    capsys.readouterr()
+    assert acceptance.main([*small, "--ngram", str(bad)]) == 1  # found while loading: one line
+    err = capsys.readouterr().err
+    assert "not a safetensors n-gram trie" in err and err.count("error:") == 1 and "Traceback" not in err

@@ -8,6 +8,7 @@ orders); the reference recomputes the block over the whole context without any c
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -273,19 +274,21 @@ def test_lossless_under_every_policy(tiny_target):
     assert res.tokens == ar.tokens
 
 
-def test_acceptance_bench_runs_dflash(tmp_path, tiny_target):
+def test_acceptance_bench_runs_dflash(tmp_path, tiny_target, capsys):
     from sglang_echo.bench import acceptance
     from sglang_echo.eval import HFTarget
 
     target = HFTarget.from_pretrained(tiny_target, captured_layers=(1, 2, 3))
     _tiny_head(target).save(tmp_path / "head", dtype=torch.float32)
-    acceptance.main(["--target", str(tiny_target), "--drafter", "dflash", "--draft", str(tmp_path / "head"),
-                     "--prompts", "chat", "--num-prompts", "2", "--max-new", "6", "--batch", "2", "--max-depth", "4",
+    acceptance.main(["--model", str(tiny_target), "--drafter", "dflash", "--draft", str(tmp_path / "head"),
+                     "--prompts", "chat", "--per-set", "2", "--max-new-tokens", "6", "--batch", "2", "--max-depth", "4",
                      "--topk", "3", "--total-tokens", "8", "--device", "cpu", "--policies", "chain3,echo",
                      "--out", str(tmp_path / "res")])
     data = json.loads((tmp_path / "res.json").read_text())
     assert all(r["mismatches"] == 0 for r in data["rows"]) and data["captured_layers"] == [1, 2, 3]
     assert "block_size=4" in data["drafter_config"]
     # Without --draft: the shipped DFlash head, which was not trained for this tiny target.
-    with pytest.raises(SystemExit, match="--drafter dflash: .* was trained for a target with"):
-        acceptance.main(["--target", str(tiny_target), "--drafter", "dflash", "--prompts", "chat"])
+    with pytest.raises(SystemExit) as e:  # before the target loads
+        acceptance.main(["--model", str(tiny_target), "--drafter", "dflash", "--prompts", "chat"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and re.search("--drafter dflash: .* was trained for a target with", err)

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from sglang_echo.bench import acceptance
 from sglang_echo.bench.cli import SUBCOMMANDS
 
-SMALL = ["--prompts", "chat,humaneval", "--num-prompts", "2", "--max-new", "6", "--batch", "2",
+SMALL = ["--prompts", "chat,humaneval", "--per-set", "2", "--max-new-tokens", "6", "--batch", "2",
          "--max-depth", "4", "--topk", "3", "--total-tokens", "8", "--device", "cpu"]
 
 
 def test_registered():
-    assert SUBCOMMANDS["acceptance"] == "sglang_echo.bench.acceptance"
+    assert SUBCOMMANDS["acceptance"][0] == "sglang_echo.bench.acceptance"
 
 
 def _run(tmp_path, *args):
@@ -27,7 +28,7 @@ def _run(tmp_path, *args):
 
 def test_ngram(tmp_path, tiny_llama_dir):
     pytest.importorskip("sglang_echo.drafters.ngram")
-    data = _run(tmp_path, "--target", str(tiny_llama_dir), "--drafter", "ngram", "--policies", "chain3,static-tree,echo")
+    data = _run(tmp_path, "--model", str(tiny_llama_dir), "--drafter", "ngram", "--policies", "chain3,static-tree,echo")
     rows = data["rows"]
     assert [(r["prompts"], r["policy"]) for r in rows] == [
         (s, p) for s in ("chat", "humaneval") for p in ("ar", "chain3", "static-tree", "echo")
@@ -38,11 +39,11 @@ def test_ngram(tmp_path, tiny_llama_dir):
     assert "no shipped calibration" in data["calibration"]  # none ships for a tiny random target
 
 
-def test_echo_gates_with_the_calibration_it_is_given(tmp_path, tiny_llama_dir):
+def test_echo_gates_with_the_calibration_it_is_given(tmp_path, tiny_llama_dir, capsys):
     """``--calibration FILE`` made for this target and drafter sets ECHO's gates and is recorded;
     ``defaults`` is the paper's gates; a file made for another target is refused."""
     pytest.importorskip("sglang_echo.drafters.ngram")
-    from sglang_echo.core.calibration_file import CalibrationError, fingerprint
+    from sglang_echo.core.calibration_file import fingerprint
     from sglang_echo.core.factory import PolicyConfig
     from sglang_echo.integration.config import drafter_fingerprint
 
@@ -56,11 +57,14 @@ def test_echo_gates_with_the_calibration_it_is_given(tmp_path, tiny_llama_dir):
     assert source == str(mine) and (gating.depths, gating.thresholds) == ((1, 2), (0.7, 0.4))
     assert acceptance.gating_calibration("defaults", tiny_llama_dir, "ngram", None) == (None, "the paper's default gates")
 
-    args = ("--target", str(tiny_llama_dir), "--drafter", "ngram", "--policies", "echo")
+    args = ("--model", str(tiny_llama_dir), "--drafter", "ngram", "--policies", "echo")
     assert _run(tmp_path, *args, "--calibration", str(mine))["calibration"] == str(mine)
     other = write_calibration(tmp_path / "other.json", model_fp="sha256:other", drafter_fp=fp, kind="ngram")
-    with pytest.raises(CalibrationError, match="different model"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # refused before the target loads
         acceptance.main([*args, *SMALL, "--calibration", str(other)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "different model" in err and err.count("\n") == 1
 
 
 def test_eagle3(tmp_path, tiny_llama_dir):
@@ -71,7 +75,7 @@ def test_eagle3(tmp_path, tiny_llama_dir):
     # sglang ids [0, 0, 1] = inputs of layers 1, 1 and 2 (2 = the last layer's output, pre-norm)
     draft = write_tiny_eagle3_draft(tmp_path / "e3", tiny_llama_dir, init="early_exit",
                                     aux_layer_ids=[0, 0, 1], draft_vocab_size=V).path
-    data = _run(tmp_path, "--target", str(tiny_llama_dir), "--drafter", "eagle3", "--draft", str(draft),
+    data = _run(tmp_path, "--model", str(tiny_llama_dir), "--drafter", "eagle3", "--draft", str(draft),
                 "--policies", "chain2,echo")
     assert data["captured_layers"] == [1, 1, 2]
     assert all(r["mismatches"] == 0 for r in data["rows"])
@@ -89,20 +93,20 @@ def test_mismatch_exits_nonzero(tmp_path, tiny_llama_dir, monkeypatch, capsys):
         return res
 
     monkeypatch.setattr(ev, "speculative_generate", corrupt)
-    with pytest.raises(SystemExit) as e:
-        acceptance.main(["--target", str(tiny_llama_dir), "--drafter", "ngram", "--policies", "chain2",
-                         *SMALL, "--out", str(tmp_path / "bad")])
-    assert e.value.code == 1
+    assert acceptance.main(["--model", str(tiny_llama_dir), "--drafter", "ngram", "--policies", "chain2",
+                            *SMALL, "--out", str(tmp_path / "bad")]) == 1
     assert "MISMATCH" in capsys.readouterr().err
     data = json.loads((tmp_path / "bad.json").read_text())
     assert data["mismatch_details"]
 
 
-def test_the_shipped_head_is_the_default_draft_and_a_misfit_says_so(tiny_llama_dir, smollm2_dir):
+def test_the_shipped_head_is_the_default_draft_and_a_misfit_says_so(tiny_llama_dir, smollm2_dir, capsys):
     """Without --draft a learned drafter takes the head of its kind that ships, as `make serve`
     does; on a target it was not trained for, the command says why instead of failing later."""
     from sglang_echo.models.drafts import SMOLLM2_EAGLE3
 
     assert acceptance.shipped_draft(smollm2_dir, "eagle3").name.endswith(SMOLLM2_EAGLE3.name)
-    with pytest.raises(SystemExit, match="--drafter eagle3: .* was trained for a target with hidden_size"):
-        acceptance.main(["--target", str(tiny_llama_dir), "--drafter", "eagle3", "--policies", "chain2", *SMALL])
+    with pytest.raises(SystemExit) as e:  # before the target loads
+        acceptance.main(["--model", str(tiny_llama_dir), "--drafter", "eagle3", "--policies", "chain2", *SMALL])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and re.search("--drafter eagle3: .* was trained for a target with hidden_size", err)

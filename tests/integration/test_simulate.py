@@ -217,7 +217,7 @@ def test_a_simulated_server_on_random_weights_accepts_what_smollm2_accepted(tmp_
     a faithful simulation passes."""
     rows = record_then_validate(
         tmp_path, INTEGRATION_PORTS,
-        ["--drafter", "eagle3", "--max-new", "24", "--depth", "4", "--width", "2", "--beams", "1,2"],
+        ["--drafter", "eagle3", "--max-new-tokens", "24", "--depth", "4", "--width", "2", "--beams", "1,2"],
         ["--policies", "echo", "--k-max", "8", "--max-depth", "4", "--w-max", "2", "--simulate", "--load-format",
          "dummy"])
     assert len(rows) == 1 and rows[0]["simulated"] and rows[0]["exact"] and rows[0]["requests"] == 2

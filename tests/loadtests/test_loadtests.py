@@ -147,7 +147,7 @@ def test_runner_stops_when_no_server_answers(tmp_path: Path) -> None:
 def test_smoke_defaults_yield_to_explicit_options() -> None:
     args = parse_args(["--smoke", "--level-requests", "3"])
     assert args.users == tuple(int(u) for u in SMOKE["users"].split(","))
-    assert (args.level_requests, args.max_tokens, args.fail_on_errors) == (3, SMOKE["max_tokens"], True)
+    assert (args.level_requests, args.max_new_tokens, args.fail_on_errors) == (3, SMOKE["max_new_tokens"], True)
     assert parse_args([]).users == (8, 16, 32, 64, 128, 256)
     assert (parse_args([]).warmup_requests, args.warmup_requests) == (32, 0)
 
@@ -161,7 +161,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def _sweep(fake: FakeOpenAI, out: Path, *options: str) -> int:
-    return main(["--host", fake.url, "--max-tokens", str(TOKENS), "--out", str(out), "--warmup-requests", "0", *options])
+    return main(["--host", fake.url, "--max-new-tokens", str(TOKENS), "--out", str(out), "--warmup-requests", "0", *options])
 
 
 def test_sweep_writes_csv_and_plot(tmp_path: Path) -> None:
@@ -194,7 +194,7 @@ def test_sweep_writes_csv_and_plot(tmp_path: Path) -> None:
 def test_max_tokens_jitter_draws_the_same_lengths_at_every_level(tmp_path: Path) -> None:
     with FakeOpenAI(FakeConfig(token_delay_s=0.0)) as fake:
         assert _sweep(fake, tmp_path, "--users", "1,2", "--level-requests", "16", "--level-seconds", "120",
-                      "--max-tokens-jitter", "2") == 0
+                      "--max-new-tokens-jitter", "2") == 0
 
     def lengths(users: int) -> list[int]:
         lines = (tmp_path / f"users_{users:03d}.samples.jsonl").read_text().splitlines()
@@ -203,7 +203,7 @@ def test_max_tokens_jitter_draws_the_same_lengths_at_every_level(tmp_path: Path)
     assert lengths(1) == lengths(2)  # one seeded sequence per level, whatever the users' order
     assert set(lengths(1)) <= set(range(TOKENS - 2, TOKENS + 3)) and len(set(lengths(1))) > 1
     with pytest.raises(SystemExit):
-        parse_args(["--max-tokens-jitter", "-1"])
+        parse_args(["--max-new-tokens-jitter", "-1"])
 
 
 def test_level_ends_at_its_time_limit(tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def _summary(path: Path) -> list[dict[str, str]]:
 def test_two_servers_two_passes_against_fakes(tmp_path: Path) -> None:
     with FakeOpenAI(FakeConfig()) as fast, FakeOpenAI(FakeConfig(token_delay_s=0.03)) as slow:
         rc = main(["--host", f"fast={fast.url}", "--host", f"slow={slow.url}", "--repeats", "2",
-                   "--users", "2", "--level-requests", "6", "--level-seconds", "120", "--max-tokens", "5",
+                   "--users", "2", "--level-requests", "6", "--level-seconds", "120", "--max-new-tokens", "5",
                    "--warmup-requests", "2", "--out", str(tmp_path)])
     assert rc == 0
     for fake in (fast, slow):

@@ -21,7 +21,7 @@ def record_then_validate(tmp_path: Path, ports: tuple[int, int], record: Sequenc
 
     model = prepare(dtype="float32").path
     stem, out = tmp_path / "trace", tmp_path / "server.json"
-    main(["record", "--target", str(model), "--prompts", "chat,humaneval", "--num-prompts", "1", "--batch", "2",
+    main(["record", "--model", str(model), "--prompts", "chat,humaneval", "--per-set", "1", "--batch", "2",
           "--out", str(stem), *record])
     port = find_free_port_pair(*worker_ports(ports))
     main(["validate-server", "--trace", str(stem), "--num-prompts", "2", "--port", str(port), "--out", str(out),

@@ -14,8 +14,8 @@ POLICY = ["--policies", "chain,static-tree,echo", "--max-depth", "3", "--topk", 
 
 def test_record_validate_run(tmp_path, tiny_llama_dir, capsys):
     stem = tmp_path / "trace"
-    main(["record", "--target", str(tiny_llama_dir), "--drafter", "ngram", "--prompts", "chat,humaneval",
-          "--num-prompts", "2", "--max-new", "8", "--depth", "3", "--width", "3", "--beams", "1,3", "--batch", "2",
+    main(["record", "--model", str(tiny_llama_dir), "--drafter", "ngram", "--prompts", "chat,humaneval",
+          "--per-set", "2", "--max-new-tokens", "8", "--depth", "3", "--width", "3", "--beams", "1,3", "--batch", "2",
           "--threads", "1", "--out", str(stem)])
     tr = Trace.load(stem)
     assert tr.num_prompts == 4 and tr.meta.drafter == "ngram" and tr.meta.prompts[0].startswith("chat")

@@ -65,7 +65,7 @@ def test_measure_cost_on_the_tiny_model(tmp_path, tiny_llama_dir):
     V = json.loads((tiny_llama_dir / "config.json").read_text())["vocab_size"]
     head = write_tiny_eagle3_draft(tmp_path / "e3", tiny_llama_dir, aux_layer_ids=[0, 0, 1], draft_vocab_size=512).path
     out = tmp_path / "cost.json"
-    main(["measure-cost", "--target", str(tiny_llama_dir), "--drafter", "eagle3", "--draft", str(head),
+    main(["measure-cost", "--model", str(tiny_llama_dir), "--drafter", "eagle3", "--draft", str(head),
           "--batches", "1,2", "--tokens-per-request", "1,3", "--frontiers", "1,2", "--catch-up-tokens", "2",
           "--prefix", "8", "--reps", "1", "--threads", "1", "--label", "tiny-cpu", "--out", str(out)])
     raw = json.loads(out.read_text())

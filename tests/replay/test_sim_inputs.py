@@ -51,7 +51,7 @@ def test_bad_shapes_name_the_option(text):
 def test_the_file_holds_the_prompts_the_lengths_and_the_label(tmp_path, hash_trace):
     stem = tmp_path / "t"
     hash_trace.save(stem)
-    main(["sim-inputs", "--trace", str(stem), "--eagle3-shape", "2/2/4", "--max-new", "12"])
+    main(["sim-inputs", "--trace", str(stem), "--eagle3-shape", "2/2/4", "--max-new-tokens", "12"])
     data = load_sim_inputs(tmp_path / "t.sim.json")
     assert data["label"] == LABEL and data["max_new"] == 12 and data["eagle3"]["shape"] == "2/2/4"
     assert [p["input_ids"] for p in data["prompts"]] == [hash_trace.prompt(p).tolist()

@@ -16,7 +16,7 @@ stat() { awk '{print "minflt", $10, "utime", $14, "stime", $15}' "/proc/$1/stat"
 s1=$(sched $P1); s2=$(sched $P2)
 echo "before: default $(stat "$s1") | tuned $(stat "$s2")" | tee "$OUT/faults.txt"
 .venv/bin/python loadtests/run.py --host default=http://127.0.0.1:30100 --host tuned=http://127.0.0.1:30200 \
-  --users 64 --level-seconds 30 --level-requests 64 --max-tokens 64 --max-tokens-jitter 16 --ignore-eos \
+  --users 64 --level-seconds 30 --level-requests 64 --max-new-tokens 64 --max-new-tokens-jitter 16 --ignore-eos \
   --drain-seconds 120 --repeats 2 --warmup-requests 16 --out "$OUT"
 echo "after: default $(stat "$s1") | tuned $(stat "$s2")" | tee -a "$OUT/faults.txt"
 kill -- -$P1 -$P2 2>/dev/null; sleep 3; kill -9 -- -$P1 -$P2 2>/dev/null
