@@ -96,7 +96,9 @@ def _load_settings(bench: Bench) -> dict:
             "request_rate": a.rates, "max_concurrency": a.max_concurrency, "num_requests": a.num_requests,
             "seed": a.seed, "stream": a.stream, "ignore_eos": a.ignore_eos, "max_new": a.max_new_tokens,
             "max_new_jitter": a.max_new_tokens_jitter, "prompts": len(bench.items), "per_set": a.per_set,
-            "token_prompts": a.token_prompts, "warmup_requests": a.warmup_requests, "lossless": _lossless_note(a)}
+            "token_prompts": a.token_prompts, "warmup_requests": a.warmup_requests, "lossless": _lossless_note(a),
+            **({"simulated": {"label": a.sim["label"], "trace": a.sim["stem"], "eagle3": a.sim["eagle3"]}}
+               if a.sim else {})}
 
 
 def _lossless_note(args: argparse.Namespace) -> str:
@@ -122,6 +124,8 @@ def _bench(args: argparse.Namespace, model: Path | None, heads: dict, pick, sour
 def _prompt_items(args: argparse.Namespace, source: Path | None) -> list[PromptItem]:
     """The pool: token prompts within ``source``'s vocabulary, or the prompt sets rendered with its
     tokenizer (SmolLM2's when ``source`` is None)."""
+    if args.sim is not None:  # the trace's prompts: what the simulating servers follow
+        return [PromptItem(q["id"], "trace", input_ids=tuple(q["input_ids"])) for q in args.sim["prompts"]]
     if args.token_shape is not None:
         if source is None:
             raise TargetError("--token-prompts with --base-url: pass --model (a folder or config with the "

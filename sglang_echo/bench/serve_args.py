@@ -59,6 +59,10 @@ def parser(description: str = "") -> Parser:
     add("--token-prompts", default=None, metavar="N:LEN",
         help="N prompts of LEN random token ids (seeded, within the model's vocabulary) instead of the prompt "
              "sets; started servers skip tokenizer init")
+    add("--simulate", default=None, metavar="STEM",
+        help="simulated acceptance from an echo-replay trace (STEM.sim.json, echo-replay sim-inputs): the trace's "
+             "prompts as token ids, ECHO configs with SGLANG_ECHO_SIMULATE=STEM, sglang's EAGLE3 with the "
+             "trace's SGLANG_SIMULATE_ACC_LEN; every figure says 'simulated acceptance'")
     add("--max-new-tokens", type=positive_int, default=64, help="generated tokens per request")
     add("--max-new-tokens-jitter", type=count, default=0,
         help="spread each request's max new tokens over --max-new-tokens +- this (a fixed pattern), so that "
@@ -149,6 +153,7 @@ def check(args: argparse.Namespace) -> None:
                 raise ValueError(f"--{flag.replace('_', '-')} applies to --request-rate levels")
         args.rates, args.levels_c = None, _ints(args.concurrency or DEFAULT_CONCURRENCY, "--concurrency")
     args.token_shape = parse_token_prompts(args.token_prompts) if args.token_prompts else None
+    args.sim = _simulation(args) if args.simulate else None
     if args.calibration not in (None, "shipped") and not Path(args.calibration).exists():
         raise ValueError(f"--calibration {args.calibration}: no such file or folder (or 'shipped')")
     try:
@@ -157,15 +162,41 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--server-args {args.server_args!r}: {e}") from None
     args.model_folder = _target_folder(args) if args.model else None
     if args.model_folder is not None:
+        if args.sim is not None and vocab_size(args.model_folder) < args.sim["vocab_size"]:
+            raise ValueError(f"--simulate: the trace's token ids need a vocabulary of {args.sim['vocab_size']}, "
+                             f"--model {args.model} has {vocab_size(args.model_folder)}")
         if args.token_shape is not None:
             vocab_size(args.model_folder)  # raises where the config has none
-        elif not has_tokenizer(args.model_folder):
+        elif args.sim is None and not has_tokenizer(args.model_folder):
             raise ValueError(f"--model {args.model}: no tokenizer there to render the prompt sets; "
                              "pass --token-prompts N:LEN")
     given = {d: getattr(args, HEAD_FLAGS[d][2:].replace("-", "_")) for d in HEAD_FLAGS}
     args.head_folders = {d: model_folder(Path(p), HEAD_FLAGS[d]) for d, p in given.items() if p}
     if args.model_folder is not None and not args.base_urls:
         _check_heads(args)
+
+
+def _simulation(args: argparse.Namespace) -> dict:
+    """``--simulate STEM``: its sim-inputs, checked against the other options; ECHO configs must
+    draft with EAGLE-3 (the trace's drafter), and the generation must fit the trace."""
+    from ..replay.sim_inputs import load_sim_inputs
+
+    stem = Path(args.simulate)
+    path = stem.parent / f"{stem.name}.sim.json"
+    if not path.is_file():
+        raise ValueError(f"--simulate {stem}: no {path.name} there (echo-replay sim-inputs --trace {stem})")
+    if args.token_prompts:
+        raise ValueError("--simulate and --token-prompts exclude each other: the trace's prompts are sent")
+    sim = load_sim_inputs(path)
+    if args.max_new_tokens > sim["max_new"]:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: the trace {stem} holds {sim['max_new']} tokens "
+                         "per prompt")
+    echo = [c for c in (args.config_names or []) if CONFIGS[c][0] == "echo"]
+    other = [c for c in echo if CONFIGS[c][2].get("SGLANG_ECHO_DRAFTER", args.echo_drafter) != sim["drafter"]]
+    if other:
+        raise ValueError(f"--simulate: {', '.join(other)} draft with another drafter than the trace's {sim['drafter']}")
+    args.ignore_eos = True  # the trace's continuations, whatever the model would say
+    return {**sim, "stem": str(stem.resolve())}
 
 
 def _target_folder(args: argparse.Namespace) -> Path:

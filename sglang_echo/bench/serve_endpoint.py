@@ -115,7 +115,7 @@ class StartedServer:
         self.bench, self.name = bench, name
         args = bench.args
         self.spec, knobs, _ = CONFIGS[name]
-        env = echo_env(name, args, bench.pick)
+        env = {**echo_env(name, args, bench.pick), **simulation_env(self.spec, args.sim)}
         head = bench.heads.get(env.get("SGLANG_ECHO_DRAFTER", "eagle3")) if self.spec in ("eagle3", "echo") else None
         if self.spec == "echo":
             print(f"[echo-bench] {name}: drafter {env['SGLANG_ECHO_DRAFTER']}, "
@@ -125,7 +125,7 @@ class StartedServer:
                                   max_total_tokens=args.max_total_tokens, enable_metrics=True,
                                   extra_env=tuple({step_times.ENV: "1", **env}.items()),
                                   device=args.device, load_format=args.load_format,
-                                  skip_tokenizer_init=args.token_shape is not None,
+                                  skip_tokenizer_init=args.token_shape is not None or args.sim is not None,
                                   attention_backend=args.attention_backend,
                                   extra_args=tuple(shlex.split(args.server_args)))
         self.static_shape = knobs if self.spec == "eagle3" else None  # sglang's static tree: depth, tokens known
@@ -143,6 +143,19 @@ class StartedServer:
 
     def __exit__(self, *exc) -> None:
         self.srv.stop()
+
+
+def simulation_env(spec: str, sim: Optional[dict]) -> dict[str, str]:
+    """The environment that makes a started server simulate acceptance from ``--simulate``'s trace:
+    ECHO drafts the trace's candidates and follows its tokens; sglang's EAGLE3 accepts the trace's
+    mean length per step along its first chain; plain decoding is left alone."""
+    if sim is None:
+        return {}
+    if spec == "echo":
+        return {"SGLANG_ECHO_SIMULATE": sim["stem"]}
+    if spec == "eagle3":
+        return dict(sim["env"]["eagle3"])
+    return {}
 
 
 def max_in_flight(bench: Bench) -> int:

@@ -118,6 +118,9 @@ def markdown(report: Report) -> str:
         f"Machine: {report.machine['platform']}, {report.machine['cpus']} CPUs. "
         f"Settings: {json.dumps(report.settings)}",
         *([f"Lossless check: {report.settings['lossless']}."] if report.settings.get("lossless") else []),
+        *([f"**{report.settings['simulated']['label'].capitalize()}** from {report.settings['simulated']['trace']}: "
+           "the speculative servers' accepted tokens are the recorded trace's, every cost is measured."]
+          if report.settings.get("simulated") else []),
         "",
         (f"| config | {level_name(report.runs)} | tokens/s | speedup vs none | MAT | lossless vs none | startup s | "
          "server CPU ms/token | CPU per token, none / config | yield |"),

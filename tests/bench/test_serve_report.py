@@ -292,7 +292,7 @@ def _server_args(**kw) -> SimpleNamespace:
     """The options StartedServer reads, as echo-bench serve's defaults leave them."""
     return SimpleNamespace(**{"dtype": "float32", "max_total_tokens": None, "echo_drafter": "eagle3",
                               "calibration": None, "device": None, "load_format": None, "token_shape": None,
-                              "attention_backend": None, "server_args": "", **kw})
+                              "attention_backend": None, "server_args": "", "sim": None, **kw})
 
 
 def test_max_total_tokens_reaches_every_server(monkeypatch):
