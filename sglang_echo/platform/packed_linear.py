@@ -4,9 +4,12 @@ Why: on CPUs without sglang's AMX kernels every linear is ``F.linear`` (MKL), wh
 weight on every call. At the few-row shapes of decoding and tree verification that repacking is
 most of the cost: on the 2-core AVX-512 host an fp32 [1536 x 576] projection takes 104 / 153 /
 184 us for 1 / 2 / 4 rows, the prepacked oneDNN kernel 55 / 52 / 61 us, and SmolLM2's 49k-row
-LM head 10 ms / 22 ms for 1 / 2 rows. It also makes the result *batch invariant*: a row's output
-no longer depends on how many rows share the call (MKL's does, by ~1e-5 in fp32), so a verify
-pass over ``K`` tree tokens computes bit for bit what decoding them one by one would.
+LM head 10 ms / 22 ms for 1 / 2 rows. It also makes the result nearly *batch invariant*: from 2
+rows up (2 to 2048 measured) a row's output no longer depends on how many rows share the call
+(MKL's does, by ~1e-5 in fp32). A single row can take another kernel (SmolLM2's ``down_proj``,
+K = 1536, sums in another order); the platform's batch-invariant mode (``deterministic.py``)
+computes it as two rows, so that a verify pass over ``K`` tree tokens computes bit for bit what
+decoding them one at a time would.
 
 How (no sglang file is edited):
 * an AROUND hook on ``UnquantizedLinearMethod.process_weights_after_loading`` packs each CPU
@@ -64,10 +67,33 @@ class PackedWeight:
         return self._key == self.key(weight)
 
 
+_MIN_ROWS = 1  # see set_min_rows
+
+
+def set_min_rows(rows: int) -> None:
+    """Compute calls of fewer rows as ``rows`` rows (zero padding, dropped after). The platform's
+    batch-invariant mode sets 2: oneDNN runs a single row through another kernel than 2 or more
+    for some shapes (SmolLM2's ``down_proj``, K = 1536: another summation order, visible in 1-2 of
+    64 bf16 rows and in every fp32 row), while 2 to 2048 rows give each row the same bits."""
+    global _MIN_ROWS
+    _MIN_ROWS = rows
+
+
+def unsupported_dtypes() -> list[str]:
+    """The dtypes this CPU's oneDNN refused to pack so far (those layers run ``F.linear``)."""
+    return sorted(str(d) for d in _UNSUPPORTED)
+
+
 def packed_linear(x: Tensor, packed: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """``F.linear(x, weight, bias)`` on a packed weight, for any leading shape of ``x``."""
     lead = x.shape[:-1]
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+    x2 = x.reshape(-1, x.shape[-1])
+    rows = x2.shape[0]
+    if rows < _MIN_ROWS:
+        x2 = torch.cat([x2, x2.new_zeros(_MIN_ROWS - rows, x2.shape[1])])
+    y = torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")
+    if rows < _MIN_ROWS:
+        y = y[:rows]
     return y.view(*lead, y.shape[-1])
 
 

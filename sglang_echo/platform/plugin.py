@@ -28,7 +28,7 @@ import importlib
 import logging
 from typing import Any, Callable
 
-from sglang_echo.platform import fork_children, kernel_finder, packed_linear, step_times
+from sglang_echo.platform import deterministic, fork_children, kernel_finder, packed_linear, step_times
 from sglang_echo.platform.attention import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
@@ -152,6 +152,7 @@ def _register_cpu() -> None:
     _bind_verify_sampling_ops()
     HookRegistry.register(f"{_EAGLE_UTILS}._verify_uses_greedy", _verify_uses_greedy, HookType.AROUND)
     packed_linear.register(HookRegistry, HookType.AROUND)
+    deterministic.register(HookRegistry, HookType.AROUND)  # --enable-deterministic-inference
     step_times.register(HookRegistry, HookType.AROUND)
     fork_children.register(HookRegistry, HookType.AROUND)
     logger.info("sglang_echo CPU platform: registered attention backend %r", BACKEND_NAME)

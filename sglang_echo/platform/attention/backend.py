@@ -5,6 +5,10 @@ intel_amx_backend.py, `_build_extend_metadata`): in TARGET_VERIFY the batch carr
 fields, every request extends by `spec_info.draft_token_num` tokens and `forward_batch.seq_lens`
 is the prefix length; an ECHO verify input marked for ragged verify gives each request its own
 query count instead. EAGLE multi-step drafting sets `draft_decode_metadata` (see draft.py).
+
+With sglang's `--enable-deterministic-inference` every mode runs the batch-invariant kernel of
+`invariant.py` (a query's bits independent of the batch, decode and verify alike) instead of
+the padded SDPA.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang_echo.integration.ragged import MARK as RAGGED_MARK
+from sglang_echo.platform import deterministic
+from sglang_echo.platform.attention.invariant import KeyLayout, causal_layout, invariant_attention, tree_layout
 from sglang_echo.platform.attention.paged_sdpa import causal_mask, paged_sdpa, tree_mask
 
 if TYPE_CHECKING:
@@ -45,10 +51,14 @@ class EchoTorchAttnBackend(AttentionBackend):
         self.extend_metadata: Optional[ExtendMetadata] = None
         # (req_to_token, seq_lens, req_pool_indices) set by the multi-step draft backend.
         self.draft_decode_metadata: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+        self.deterministic = deterministic.enabled()
+        # The deterministic kernel's key layout for this forward, built by its first layer.
+        self.layout: Optional[KeyLayout] = None
 
     # ---- metadata -------------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         mode = forward_batch.forward_mode
+        self.layout = None
         if mode.is_decode_or_idle():
             self.extend_metadata = None
             return
@@ -90,6 +100,12 @@ class EchoTorchAttnBackend(AttentionBackend):
         self._save_kv(layer, forward_batch, k, v, save_kv_cache)
         md = self.extend_metadata
         window = layer.sliding_window_size if (layer.sliding_window_size or -1) > -1 else None
+        if self.deterministic:
+            if self.layout is None:
+                r2t, req = self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices
+                self.layout = (causal_layout(r2t, req, md.q_lens, md.kv_lens) if md.tree is None
+                               else tree_layout(r2t, req, md.kv_lens - md.q_lens, md.q_lens, md.tree))
+            return self._invariant(q, layer, window)
         visible = md.tree
         if visible is None:
             visible = causal_mask(md.q_lens, md.kv_lens, md.max_q, md.max_kv, window)
@@ -113,14 +129,27 @@ class EchoTorchAttnBackend(AttentionBackend):
             seq_lens, req_pool_indices = forward_batch.seq_lens, forward_batch.req_pool_indices
         kv_lens = seq_lens.to(torch.int64)
         q_lens = torch.ones_like(kv_lens)
-        max_kv = int(kv_lens.max())
         window = layer.sliding_window_size if (layer.sliding_window_size or -1) > -1 else None
+        if self.deterministic:
+            if self.layout is None:
+                self.layout = causal_layout(req_to_token, req_pool_indices, q_lens, kv_lens)
+            return self._invariant(q, layer, window)
+        max_kv = int(kv_lens.max())
         visible = causal_mask(q_lens, kv_lens, 1, max_kv, window)
         o = paged_sdpa(
             q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
             req_to_token, req_pool_indices, q_lens, kv_lens, visible, layer.scaling,
+        )
+        return o.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def _invariant(self, q, layer: RadixAttention, window: Optional[int]) -> torch.Tensor:
+        o = invariant_attention(
+            q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            self.layout, layer.scaling, window,
         )
         return o.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 

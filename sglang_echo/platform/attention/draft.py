@@ -67,3 +67,4 @@ class EchoTorchMultiStepDraftBackend:
             lens = seq_lens.to(torch.int64).repeat_interleave(self.topk) + step + 1
             backend.extend_metadata = None
             backend.draft_decode_metadata = (table, lens, rows)
+            backend.layout = None
