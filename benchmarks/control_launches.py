@@ -26,7 +26,7 @@ from sglang_echo.core import PolicyConfig, make_policy  # noqa: E402
 from sglang_echo.core.factory import max_tree_size  # noqa: E402
 from sglang_echo.core.graphs import GraphedTreeBuilder  # noqa: E402
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld  # noqa: E402
-from sglang_echo.integration.padded import dense_from_padded  # noqa: E402
+from sglang_echo.core.dense import dense_from_padded  # noqa: E402
 from sglang_echo.kernels.control import elastic, layout  # noqa: E402
 
 COUNTER = OpCounter()

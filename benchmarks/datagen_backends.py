@@ -22,7 +22,8 @@ from pathlib import Path
 
 from sglang_echo.bench.machine import describe
 from sglang_echo.models.prepare import prepare
-from sglang_echo.training.datagen import generate, read_shards
+from sglang_echo.training.datagen import generate
+from sglang_echo.training.shards import read_shards
 
 
 def main(argv: list[str] | None = None) -> int:

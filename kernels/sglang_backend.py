@@ -40,7 +40,7 @@ import torch
 from sglang.srt.layers.attention.triton_backend import ForwardMetadata, TritonAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from sglang_echo.integration.ragged import MARK as RAGGED_MARK
+from sglang_echo.core.dense import RAGGED_MARK
 
 from .registration import BACKEND_NAME  # noqa: F401  (re-exported)
 from .tree_attention.metadata import TreeAttentionPlan

@@ -2,7 +2,7 @@
 
 :func:`pad_pool` is :func:`sglang_echo.core.pack.pad_pool` (the node pool laid out at width W:
 tokens, local parents, depths, positions, ancestor mask) and :func:`dense_from_padded` is
-:func:`sglang_echo.integration.padded.dense_from_padded` (sglang's dense verify layout: padding
+:func:`sglang_echo.core.dense.dense_from_padded` (sglang's dense verify layout: padding
 filled with the root, child and sibling links, sizes). Same contracts, same outputs
 (``tests/kernels/test_control.py``); :class:`~sglang_echo.core.graphs.GraphedTreeBuilder` takes
 them as its ``pad`` and ``finish``.
@@ -40,7 +40,7 @@ from torch import Tensor
 
 from ...core.pack import PaddedTrees
 from ...core.tree import NodePool
-from ...integration.padded import DenseVerifyTensors
+from ...core.dense import DenseVerifyTensors
 from .tiles import block
 
 _NONE = tl.constexpr(1 << 30)  # "no slot" while taking minima
@@ -163,7 +163,7 @@ def pad_pool(pool: NodePool, prefix_lens: Tensor, width: int, out: Optional[Padd
 
 def dense_from_padded(padded: PaddedTrees, seq_lens: Tensor,
                       out: Optional[DenseVerifyTensors] = None) -> DenseVerifyTensors:
-    """:func:`sglang_echo.integration.padded.dense_from_padded` (QLEN_ONLY mask) as one program
+    """:func:`sglang_echo.core.dense.dense_from_padded` (QLEN_ONLY mask) as one program
     per request. ``out``: buffers to write into (as :func:`pad_pool`'s); ``out.valid`` is
     ``padded.valid`` either way."""
     B, W = padded.valid.shape

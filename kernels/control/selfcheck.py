@@ -17,11 +17,12 @@ from typing import Optional
 import torch
 
 from ...core import build_trees, make_policy
+from ...core.dense import dense_from_padded as eager_dense
 from ...core.factory import PolicyConfig, max_tree_size
 from ...core.pack import pad_pool as eager_pad_pool
 from ...core.synthetic import SyntheticDrafter, SyntheticWorld
 from ...core.tree import DraftTrees
-from . import layout
+from . import TRITON, layout
 
 BATCHES = (1, 33, 96)  # one request; one past a 32-row grant chunk; several chunks, not a power of two
 VOCAB = 3000
@@ -38,8 +39,6 @@ class _Coarse(SyntheticDrafter):
 def first_difference(policy: str, config: PolicyConfig, device: str | torch.device,
                      batches: tuple[int, ...] = BATCHES) -> Optional[str]:
     """None when the kernels reproduce the eager steps bit for bit, else what differed first."""
-    from sglang_echo.integration.padded import dense_from_padded as eager_dense
-
     width = max_tree_size(policy, config)
     for batch in batches:
         world = SyntheticWorld(batch, vocab=VOCAB, seed=batch, device=device)
@@ -48,7 +47,7 @@ def first_difference(policy: str, config: PolicyConfig, device: str | torch.devi
         k_max = max(2 * batch, config.k_max)
         built = {}
         for kernel in ("torch", "triton"):
-            pol = make_policy(policy, replace(config, control_kernel=kernel))
+            pol = make_policy(policy, replace(config, control_kernel=kernel), fused=TRITON)
             built[kernel] = build_trees(pol, _Coarse(world), roots, k_max)
         (t0, s0), (t1, s1) = built["torch"], built["triton"]
         for f in fields(DraftTrees):

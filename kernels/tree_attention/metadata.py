@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sglang_echo.core.dense import full_mask_cells
 from sglang_echo.core.pack import pack_bits
 
 
@@ -87,23 +88,6 @@ def pack_dense_blocks(tree_mask: Tensor, mask_indptr: Tensor, qo_indptr: Tensor,
     inside = cols[None, :] < k[:, None]
     dense = tree_mask.reshape(-1)[idx.clamp(0, max(tree_mask.numel() - 1, 0))].bool() & inside
     return pack_bits(dense)
-
-
-def full_mask_cells(prefix_lens: Tensor, num_draft: int, width: int | None = None) -> Tensor:
-    """Where tree cell ``(b, j, k)`` sits in sglang's FULL_MASK ``custom_mask``, ``[B, n, width]``.
-
-    FULL_MASK packs requests one after another, each as ``n`` rows of ``prefix_b + n`` cells;
-    the tree columns of a row start after its ``prefix_b`` prefix columns.
-    """
-    n = num_draft
-    width = n if width is None else width
-    prefix = prefix_lens.to(torch.int64)
-    row_len = prefix + n
-    starts = torch.cumsum(row_len * n, 0) - row_len * n
-    rows = torch.arange(n, device=prefix.device)
-    cols = torch.arange(width, device=prefix.device)
-    return (starts[:, None, None] + rows[None, :, None] * row_len[:, None, None]
-            + prefix[:, None, None] + cols[None, None, :])
 
 
 def pack_full_mask_rows(custom_mask: Tensor, prefix_lens: Tensor, num_draft: int, width: int | None = None) -> Tensor:

@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from ..cli_args import CommandError, Parser, out_dir, run
+from .serve_run import CONTROL_GOAL, report_from_json
+from .serve_tables import markdown, ratio_interval, speedups
 
-CONTROL_GOAL = 0.03
 
 
 def load(path: str | Path) -> tuple[dict, Path]:
@@ -137,9 +138,6 @@ def throughput(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
     by = _pooled_rates(runs)
     configs = _configs(runs)
     color = _colors(plt, runs)
-    from .serve import report_from_json  # lazily: serve and serve_tables import this module
-    from .serve_tables import ratio_interval, speedups
-
     per_pass = speedups(report_from_json(data).runs)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     for name in configs:
@@ -286,9 +284,6 @@ def _draw(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     written = render(data, out)
     if args.markdown:
-        from .serve import report_from_json
-        from .serve_tables import markdown
-
         (out / "serve.md").write_text(markdown(report_from_json(data)))
         written.append(out / "serve.md")
     if not written:

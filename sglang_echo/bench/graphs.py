@@ -35,13 +35,22 @@ from ..core import PolicyConfig, build_trees, make_policy
 from ..core.factory import ELASTIC_POLICIES, max_tree_size
 from ..core.graphs import GraphedTreeBuilder
 from ..core.synthetic import SyntheticDrafter, SyntheticWorld
-from ..integration.padded import DenseVerifyTensors, dense_from_padded, to_sglang_dense
+from ..core.dense import DenseVerifyTensors, dense_from_padded, to_sglang_dense
 from .machine import describe
 from .scheduler import TimedDrafter, add_batch_options, bench_cases, case_label, device_sync, median_p99
 
 
 def same_layout(a: DenseVerifyTensors, b: DenseVerifyTensors) -> bool:
     return all(torch.equal(getattr(a, f), getattr(b, f)) for f in DenseVerifyTensors.__dataclass_fields__)
+
+
+def _fused(kernels: bool):
+    """The fused control kernels where asked for (Triton is imported only then)."""
+    if not kernels:
+        return None
+    from ..kernels.control import TRITON
+
+    return TRITON
 
 
 def time_modes(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int, vocab: int,
@@ -52,7 +61,7 @@ def time_modes(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int
     policy = make_policy(name, cfg)
 
     def graphed(stop_early: bool, fuse: bool, kernels: bool = False) -> GraphedTreeBuilder:
-        policy = make_policy(name, replace(cfg, control_kernel="triton" if kernels else "torch"))
+        policy = make_policy(name, replace(cfg, control_kernel="triton" if kernels else "torch"), fused=_fused(kernels))
         lay_out = dict(finish=dense_from_padded)
         if kernels:
             from ..kernels.control import layout  # Triton: imported only when asked for

@@ -64,3 +64,12 @@ def latency_summary(records: Sequence[dict], seconds: float) -> dict:
         # time per output token after the first, per request (bench_serving's TPOT)
         "tpot": percentiles((r["seconds"] - r["ttft"]) / (r["tokens"] - 1) for r in streamed if r["tokens"] > 1),
     }
+
+
+def quartiles(values: list[float]) -> dict | None:
+    """n, mean, 5/25/50/75/95th percentiles (ECHO Fig. 4's box and whiskers); None if empty."""
+    p = percentiles(values, (5, 25, 50, 75, 95))
+    if p is None:
+        return None
+    return {"n": p["n"], "mean": p["mean"], "p5": p["p5"], "q1": p["p25"], "median": p["p50"], "q3": p["p75"],
+            "p95": p["p95"]}

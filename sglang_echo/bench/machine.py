@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_echo.serve.flags import cpu_has_bf16_gemm
+from sglang_echo.platform.cpu import cpu_has_bf16_gemm
 
 
 def _cpuinfo() -> tuple[str, list[str]]:

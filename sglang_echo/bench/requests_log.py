@@ -15,10 +15,9 @@ import json
 import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .serve import Run
+from .serve_run import Run
 
 
 def json_ready(obj: Any) -> Any:

@@ -55,7 +55,8 @@ from .serve_endpoint import (
     Bench, Endpoint, StartedServer, level_requests, max_new_tokens, measure, running_server, warmup_level,
 )
 from .serve_run import Report, Run, report_from_json, request_record
-from .serve_tables import markdown, quartiles
+from .latency import quartiles
+from .serve_tables import markdown
 from .targets import Target, TargetError, probe
 from .workload import PromptItem, text_prompts, token_prompts, vocab_size
 

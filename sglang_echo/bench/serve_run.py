@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .serve_tables import quartiles
+from .latency import quartiles
+
+CONTROL_GOAL = 0.03  # ECHO's control plane: at most 3% of the step, at every batch size
 
 
 @dataclass

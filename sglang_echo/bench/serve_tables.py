@@ -7,22 +7,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from .figures import CONTROL_GOAL  # issue 8: control overhead <= 3% of step time at every batch size
-from .latency import percentiles
-
-if TYPE_CHECKING:
-    from .serve_run import Report, Run
-
-
-def quartiles(values: list[float]) -> dict | None:
-    """n, mean, 5/25/50/75/95th percentiles (ECHO Fig. 4's box and whiskers); None if empty."""
-    p = percentiles(values, (5, 25, 50, 75, 95))
-    if p is None:
-        return None
-    return {"n": p["n"], "mean": p["mean"], "p5": p["p5"], "q1": p["p25"], "median": p["p50"], "q3": p["p75"],
-            "p95": p["p95"]}
+from .latency import percentiles, quartiles
+from .serve_run import CONTROL_GOAL, Report, Run
 
 
 def level_name(runs: list[Run]) -> str:

@@ -10,7 +10,7 @@ from .baselines import Autoregressive, BeamTree, BudgetedChain, Chain, StaticTre
 from .calibration_file import Calibration
 from .gating import GatingConfig
 from .policy import TreePolicy
-from .scheduler import ElasticConfig, ElasticPolicy
+from .scheduler import KERNELS, ControlKernel, ElasticConfig, ElasticPolicy, FusedControl
 
 class Policy(StrEnum):
     """Every tree policy by name (members compare equal to their names)."""
@@ -46,11 +46,20 @@ def make_policy(
     config: PolicyConfig = PolicyConfig(),
     gating: Optional[GatingConfig] = None,
     calibration: Optional[Calibration] = None,
+    fused: Optional[FusedControl] = None,
 ) -> TreePolicy:
-    """``gating`` overrides the sweet spots; otherwise they come from ``calibration`` or defaults."""
+    """``gating`` overrides the sweet spots; otherwise they come from ``calibration`` or defaults.
+    ``config.control_kernel == "triton"`` runs ECHO and its ablations on ``fused``, the kernels'
+    :class:`~sglang_echo.core.scheduler.FusedControl` (``sglang_echo.kernels.control.TRITON``)."""
     if gating is None:
         gating = GatingConfig.from_calibration(calibration) if calibration else GatingConfig.default()
     elastic = ElasticConfig(config.k_max, config.max_depth, config.w_def, config.w_max)
+    if config.control_kernel not in KERNELS:
+        raise ValueError(f"unknown control kernel {config.control_kernel!r}; choose one of {', '.join(KERNELS)}")
+    if config.control_kernel == ControlKernel.TRITON and fused is None:
+        raise ValueError("control_kernel 'triton' runs the kernels handed in: make_policy(..., "
+                         "fused=sglang_echo.kernels.control.TRITON)")
+    fused = fused if config.control_kernel == ControlKernel.TRITON else None
     if name == "ar":
         return Autoregressive()
     if name == "chain":
@@ -58,13 +67,11 @@ def make_policy(
     if name == "static-tree":
         return StaticTree(config.max_depth, config.topk, config.total_tokens)
     if name == "echo":
-        return ElasticPolicy(elastic, gating, "echo", config.control_kernel)
+        return ElasticPolicy(elastic, gating, "echo", fused)
     if name == "dense-gating":
-        return ElasticPolicy(elastic, GatingConfig.dense(calibration, config.max_depth), "dense-gating",
-                             config.control_kernel)
+        return ElasticPolicy(elastic, GatingConfig.dense(calibration, config.max_depth), "dense-gating", fused)
     if name == "fixed-threshold":
-        return ElasticPolicy(elastic, GatingConfig.fixed(config.fixed_tau, gating.depths), "fixed-threshold",
-                             config.control_kernel)
+        return ElasticPolicy(elastic, GatingConfig.fixed(config.fixed_tau, gating.depths), "fixed-threshold", fused)
     if name == "beam-tree":
         return BeamTree(config.max_depth, config.topk)
     if name == "budgeted-chain":

@@ -24,6 +24,7 @@ where the ~60 tensor ops of an eager depth are launch-bound); the trees are the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -49,6 +50,18 @@ KERNELS = (ControlKernel.TORCH, ControlKernel.TRITON)  # what a policy runs
 
 
 @dataclass(frozen=True)
+class FusedControl:
+    """Alg. 1 as fused programs (``control_kernel: triton``): ``depth`` runs one draft depth (the
+    pool append, Eq. 6-7, Priority 1, the truncation record) and ``select`` Priority 2, with the
+    signatures of :func:`sglang_echo.kernels.control.elastic.elastic_depth` and ``elastic_select``.
+    The kernels package provides it (``sglang_echo.kernels.control.TRITON``): the core never imports
+    the kernels, its callers hand it in (:func:`~sglang_echo.core.factory.make_policy`)."""
+
+    depth: Callable
+    select: Callable
+
+
+@dataclass(frozen=True)
 class ElasticConfig:
     k_max: int  # verification cap for the whole batch, roots included (Eq. 4)
     max_depth: int = 8  # deepest draft depth ever considered
@@ -65,17 +78,18 @@ class ElasticPolicy(TreePolicy):
 
     budgeted = True
 
-    def __init__(self, config: ElasticConfig, gating: GatingConfig, name: str = "echo", kernel: str = "torch"):
-        if kernel not in KERNELS:
-            raise ValueError(f"unknown control kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
-        self.config, self.gating, self.name, self.kernel = config, gating, name, kernel
+    def __init__(self, config: ElasticConfig, gating: GatingConfig, name: str = "echo",
+                 fused: FusedControl | None = None):
+        """``fused``: run each depth and Priority 2 as the given fused programs (the same trees)."""
+        self.config, self.gating, self.name, self.fused = config, gating, name, fused
+        self.kernel = ControlKernel.TORCH if fused is None else ControlKernel.TRITON
         self.max_depth = config.max_depth
         # W_max children per frontier node, so even the root's depth can be widened to W_max.
         self.children_per_node = config.w_max
         # Host-side tables: reading them never waits for the device.
         self._tau = gating.threshold_table(config.max_depth).tolist()
         self._gated = [d in gating.depths for d in range(config.max_depth + 1)]
-        if kernel == "triton":  # the kernel writes each depth's pool columns in place
+        if fused is not None:  # the kernel writes each depth's pool columns in place
             self.pool_capacity = 1 + config.max_depth * config.w_def * config.w_max
 
     def start(self, roots: Tensor, k_max: int | None = None) -> BuildState:
@@ -94,7 +108,7 @@ class ElasticPolicy(TreePolicy):
         return state
 
     def advance(self, state: BuildState, cands: Candidates) -> None:
-        if self.kernel == "triton" and cands.proposal_dists is None:
+        if self.fused is not None and cands.proposal_dists is None:
             return self._advance_fused(state, cands)
         cfg, pool = self.config, state.pool
         d = state.depth + 1
@@ -133,11 +147,9 @@ class ElasticPolicy(TreePolicy):
         state.depth = d
 
     def _advance_fused(self, state: BuildState, cands: Candidates) -> None:
-        """``advance`` as one Triton program (the same steps, Alg. 1 lines 5-15)."""
-        from ..kernels.control.elastic import elastic_depth  # Triton only where it is asked for
-
+        """``advance`` as one fused program (the same steps, Alg. 1 lines 5-15)."""
         d, cfg = state.depth + 1, self.config
-        slots, source, tokens, path_score, state.active, state.budget = elastic_depth(
+        slots, source, tokens, path_score, state.active, state.budget = self.fused.depth(
             state.pool, cands, state.frontier_slots, state.active, state.budget, state.extra,
             state.gate_evaluated, state.gate_passed, depth=d, tau=self._tau[d], gated=self._gated[d],
             w_def=cfg.w_def, w_max=cfg.w_max)
@@ -148,10 +160,8 @@ class ElasticPolicy(TreePolicy):
         # Priority 2 runs only here, after no request can deepen any more (unconditionally: with
         # no budget left or nothing truncated every grant is 0, and no host sync is needed).
         ex, w_max = state.extra, self.config.w_max
-        if self.kernel == "triton":
-            from ..kernels.control.elastic import elastic_select
-
-            state.budget, ex["widened"] = elastic_select(state.pool, state.budget, ex, w_max)
+        if self.fused is not None:
+            state.budget, ex["widened"] = self.fused.select(state.pool, state.budget, ex, w_max)
             return
         avail = (ex["trunc_slots"] >= 0).sum(1)
         want = torch.where(ex["truncated"], avail.clamp(max=w_max), 0)

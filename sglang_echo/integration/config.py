@@ -418,7 +418,11 @@ def server_kmax(cfg: EchoConfig, calibration, device) -> KMax:
 def make_echo_policy(cfg: EchoConfig, calibration=None, kmax: Optional[KMax] = None):
     from sglang_echo.core.factory import make_policy
 
-    return make_policy(cfg.policy, cfg.policy_config(kmax.flat if kmax else None), calibration=calibration)
+    fused = None
+    if cfg.control_kernel == ControlKernel.TRITON:  # Triton is imported only where it runs
+        from sglang_echo.kernels.control import TRITON as fused
+    return make_policy(cfg.policy, cfg.policy_config(kmax.flat if kmax else None), calibration=calibration,
+                       fused=fused)
 
 
 def make_step_budget(cfg: EchoConfig, policy, padded_width: Optional[int], kmax: Optional[KMax] = None):

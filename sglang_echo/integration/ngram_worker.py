@@ -11,7 +11,7 @@ padded ``[bs*W]`` token block and a ``W x W`` ancestor-or-self mask per request;
    yet), catching up incrementally (:class:`RequestDrafters`);
 2. the core's ``build_trees(policy, drafter, roots)`` with the configured ECHO policy (any core
    policy), the roots being each request's last committed token;
-3. :func:`~sglang_echo.integration.padded.to_sglang_dense` (padding = unreachable nodes with a
+3. :func:`~sglang_echo.core.dense.to_sglang_dense` (padding = unreachable nodes with a
    diagonal-only mask row).
 
 Everything else is NGRAM's, unchanged: ``reconstruct_indices_from_tree_mask`` derives positions
@@ -57,7 +57,7 @@ from .config import (EchoConfig, check_consistent, load_calibration_for, load_co
 from .faults import DraftGuard
 from .history import History
 from .metrics import AcceptanceObservers, EchoMetrics, TimedDrafter, timing_sync
-from .padded import step_width, to_sglang_dense
+from sglang_echo.core.dense import step_width, to_sglang_dense
 from .ragged import MARK, resolve_verify_mode, target_tokens
 
 log = logging.getLogger(__name__)

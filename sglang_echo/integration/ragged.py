@@ -40,13 +40,14 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from sglang_echo.core.dense import RAGGED_MARK
 from sglang_echo.kernels.registration import BACKEND_NAME as TREE_BACKEND
 from sglang_echo.kernels.tree_attention.ragged_tier import lane_map
 
 log = logging.getLogger(__name__)
 
 RUNNER_FORWARD = "sglang.srt.model_executor.model_runner.ModelRunner.forward"  # hooked (AROUND)
-MARK = "echo_verify_lens"  # attribute on the verify input (spec_info) that requests ragged verify
+MARK = RAGGED_MARK  # on the verify input (spec_info): see sglang_echo.core.dense.RAGGED_MARK
 TOTAL = "echo_verify_tokens"  # its host-side sum (optional: without it the hook reads the sum)
 PADDED_COST = "the target then computes B x W tokens per step"
 

@@ -58,7 +58,7 @@ from .drafter import EagleFrontierDrafter
 from .faults import DraftGuard
 from .lazy_extend import DraftBacklog, catch_up, defer_extend, pool_slots, root_positions
 from .metrics import AcceptanceObservers, EchoMetrics, TimedDrafter, _noop, timing_sync
-from .padded import plain_dense, step_width, to_sglang_dense
+from sglang_echo.core.dense import plain_dense, step_width, to_sglang_dense
 from .ragged import mark_verify, resolve_verify_mode, target_tokens
 from .simulate import simulated, start as start_simulation
 

@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_echo.platform.cpu import cpu_has_bf16_gemm
+
 SPECS = ("none", "ngram", "eagle3", "echo")
 # Attention backend registered by sglang_echo.platform (pure torch, supports target-verify).
 CPU_ATTENTION_BACKEND = "echo_torch"
@@ -121,13 +123,6 @@ def sgl_kernel_installed() -> bool:
     from sglang_echo.platform.kernel_finder import real_sgl_kernel_origin
 
     return real_sgl_kernel_origin() is not None
-
-
-def cpu_has_bf16_gemm() -> bool:
-    """True where oneDNN runs bf16 dot products natively (AVX-512 BF16, AMX, AVX-NE-CONVERT)."""
-    import torch
-
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def default_dtype(device: str) -> str:

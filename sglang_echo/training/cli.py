@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -36,33 +35,6 @@ from .features import capture_dir, load_sequences
 from .trainer import PRECISIONS, TrainConfig, evaluate, resolve_precision, train
 
 
-def _target_weights(target: Path) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    cfg = json.loads((target / "config.json").read_text())
-    w = {}
-    for f in sorted(target.glob("*.safetensors")):
-        w.update(load_file(str(f)))
-    embed = w["model.embed_tokens.weight"].float()
-    lm_head = w.get("lm_head.weight", embed).float()
-    return cfg, embed, lm_head, w["model.norm.weight"].float()
-
-
-def build_eagle3(target: Path, seqs, args):
-    """(model, loss_fn, save_fn) of an EAGLE-3 head for ``target``."""
-    from sglang_echo.drafters.eagle3_head import Eagle3Config, Eagle3Head
-
-    from .eagle3 import start_head, ttt_loss
-    from .teacher import TargetTail
-
-    cfg, embed, lm_head, norm = _target_weights(target)
-    head_cfg = Eagle3Config.for_target(cfg, args.draft_vocab)
-    head, ids = start_head(Eagle3Head, head_cfg, cfg, (embed, lm_head, norm), seqs, args)
-    teacher = TargetTail.for_features(target, head_cfg.aux_layer_ids, ids) if args.eagle3_teacher == "target" else None
-    loss_fn = partial(ttt_loss, steps=args.ttt_steps, teacher=teacher)
-    return head, loss_fn, lambda out: head.save(out, dtype=torch.float32)
-
-
 def build_dart(target: Path, seqs, args):
     """(model, loss_fn, save_fn) of a DART head (``training.dart``)."""
     from .dart import build
@@ -73,6 +45,13 @@ def build_dart(target: Path, seqs, args):
 def build_dflash(target: Path, seqs, args):
     """(model, loss_fn, save_fn) of a DFlash block-diffusion head (``training.dflash``)."""
     from .dflash import build
+
+    return build(target, seqs, args)
+
+
+def build_eagle3(target: Path, seqs, args):
+    """(model, loss_fn, save_fn) of an EAGLE-3 head (``training.eagle3``)."""
+    from .eagle3 import build
 
     return build(target, seqs, args)
 

@@ -38,6 +38,7 @@ from sglang_echo.drafters.dart_head import DartConfig, DartHead
 
 from .batches import Batch
 from .teacher import TargetTail, kl_to_teacher
+from .target import target_weights
 
 GAMMA = 0.6  # DART's annealing coefficient: output k is weighted gamma^(k-1)
 
@@ -125,10 +126,10 @@ def dart_loss(head: DartHead, batch: Batch, gamma: float = GAMMA, teacher=None) 
 
 def build(target: Path, seqs, args):
     """(model, loss_fn, save_fn) of a DART head for ``target`` (like ``training.cli.build_eagle3``)."""
-    from .cli import _target_weights
     from .eagle3 import start_head
 
-    cfg, embed, lm_head, norm = _target_weights(target)
+    t = target_weights(target)
+    cfg, embed, lm_head, norm = t.config, t.embed, t.lm_head, t.norm
     L = cfg["num_hidden_layers"]
     depth = getattr(args, "dart_depth", 8)
     head_cfg = DartConfig.for_target(cfg, args.draft_vocab, captured_layers(L), depth=depth,

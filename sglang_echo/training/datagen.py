@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from sglang_echo.models.prompts import Prompt
@@ -32,6 +31,7 @@ from sglang_echo.platform.packed_linear import pack_linears
 from sglang_echo.serve.flags import resolve_device
 
 from .prompt_pool import build_pool, prompt_text
+from .shards import write_shard
 
 
 BACKENDS = ("server", "hf")
@@ -148,26 +148,6 @@ class HFAnswers:
                     rows[j] = row
                 bar.update(len(idx))
             yield rows
-
-
-def write_shard(path: Path, rows: list[tuple[list[int], int]]) -> None:
-    ids = torch.tensor([t for seq, _ in rows for t in seq], dtype=torch.int32)
-    lens = torch.tensor([len(seq) for seq, _ in rows], dtype=torch.int32)
-    prompt_lens = torch.tensor([p for _, p in rows], dtype=torch.int32)
-    tmp = path.with_suffix(".tmp")
-    save_file({"input_ids": ids, "lengths": lens, "prompt_lengths": prompt_lens}, str(tmp))
-    tmp.rename(path)
-
-
-def read_shard(shard: Path) -> list[tuple[torch.Tensor, int]]:
-    """(sequence ids, prompt length) of every row in one shard."""
-    t = load_file(str(shard))
-    return [(seq, int(p)) for seq, p in zip(torch.split(t["input_ids"].long(), t["lengths"].tolist()), t["prompt_lengths"].tolist())]
-
-
-def read_shards(data_dir: str | Path) -> list[tuple[torch.Tensor, int]]:
-    """Every (sequence ids, prompt length) in a data directory."""
-    return [row for shard in sorted(Path(data_dir).glob("shard-*.safetensors")) for row in read_shard(shard)]
 
 
 def check_manifest(out: Path, settings: dict) -> None:

@@ -55,6 +55,7 @@ from sglang_echo.drafters.dflash_head import DEFAULT_MASK_TOKEN, DFlashConfig, D
 
 from .batches import Batch
 from .trainer import require_geometry
+from .target import target_weights
 
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 ANCHOR_STATE = "dflash_anchors.json"
@@ -222,9 +223,9 @@ def save_checkpoint(head: DFlashHead, sampler: AnchorSampler, out: Path) -> None
 
 def build(target: Path, seqs, args):
     """(model, loss_fn, save_fn) of a DFlash head for ``target`` (``echo-train-drafter --kind dflash``)."""
-    from .cli import _target_weights
 
-    cfg, embed, lm_head, norm = _target_weights(Path(target))
+    t = target_weights(Path(target))
+    cfg, embed, lm_head, norm = t.config, t.embed, t.lm_head, t.norm
     L = cfg["num_hidden_layers"]
     mask_id = getattr(args, "mask_token_id", None)
     mask_tok = None

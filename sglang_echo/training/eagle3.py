@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +34,7 @@ from sglang_echo.drafters.eagle3_head import Eagle3Head
 
 from .batches import Batch
 from .features import Sequence
+from .target import target_weights
 from .teacher import TargetTail, kl_to_teacher
 from .trainer import require_geometry
 
@@ -162,3 +165,15 @@ def ttt_loss(head: Eagle3Head, batch: Batch, steps: int, teacher: TargetTail | N
             correct[j] = ((lg.argmax(-1) == target) & in_vocab).sum().float().cpu()
             counted[j] = in_vocab.sum().float().cpu()
     return loss, correct, counted
+
+
+def build(target: Path, seqs, args):
+    """(model, loss_fn, save_fn) of an EAGLE-3 head for ``target``: ``echo-train-drafter --kind eagle3``."""
+    from sglang_echo.drafters.eagle3_head import Eagle3Config
+
+    t = target_weights(target)
+    head_cfg = Eagle3Config.for_target(t.config, args.draft_vocab)
+    head, ids = start_head(Eagle3Head, head_cfg, t.config, (t.embed, t.lm_head, t.norm), seqs, args)
+    teacher = TargetTail.for_features(target, head_cfg.aux_layer_ids, ids) if args.eagle3_teacher == "target" else None
+    loss_fn = partial(ttt_loss, steps=args.ttt_steps, teacher=teacher)
+    return head, loss_fn, lambda out: head.save(out, dtype=torch.float32)

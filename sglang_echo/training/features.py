@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
 
-from .datagen import read_shard
+from .shards import read_shard
 
 
 @dataclass

@@ -23,7 +23,7 @@ from torch import Tensor
 from sglang_echo.cli_args import Parser, alias, at_least, out_file, positive_int, run, tokenizer_dir
 from sglang_echo.drafters.ngram_trie import NGramTrie, NGramTrieError
 
-from .datagen import read_shard
+from .shards import read_shard
 
 def _vocab_size(tokenizer_dir: Path, tok) -> int:
     cfg = Path(tokenizer_dir) / "config.json"

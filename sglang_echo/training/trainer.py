@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
 
-from sglang_echo.serve.flags import cpu_has_bf16_gemm
+from sglang_echo.platform.cpu import cpu_has_bf16_gemm
 
 from .batches import collate, make_batches
 from .features import Sequence

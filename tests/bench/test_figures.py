@@ -51,11 +51,9 @@ def test_several_passes_draw_each_speedup_with_its_interval(tmp_path, monkeypatc
     """A run with ``--repeats 2`` (the c = 1-256 sweep's runs, trimmed to what the figure reads): the
     speedup panel draws every config's geometric mean over the passes with its 95% interval, one per
     (config, level)."""
-    from sglang_echo.bench import serve_tables
-
     drawn = []
-    real = serve_tables.ratio_interval
-    monkeypatch.setattr(serve_tables, "ratio_interval", lambda rs: drawn.append(len(rs)) or real(rs))
+    real = figures.ratio_interval
+    monkeypatch.setattr(figures, "ratio_interval", lambda rs: drawn.append(len(rs)) or real(rs))
     data = json.loads((DATA / "serve-two-passes.json").read_text())
     written = figures.render(data, tmp_path)
     assert _is_png(tmp_path / "throughput.png") and tmp_path / "throughput.png" in written

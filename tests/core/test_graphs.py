@@ -18,7 +18,7 @@ from sglang_echo.core.factory import POLICIES, max_tree_size
 from sglang_echo.core.graphs import GraphedTreeBuilder
 from sglang_echo.core.pack import pad_pool, pad_trees
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
-from sglang_echo.integration.padded import dense_from_padded, to_sglang_dense
+from sglang_echo.core.dense import dense_from_padded, to_sglang_dense
 
 B, VOCAB = 24, 3000
 # K_max = 5B: requests stop at different depths, some are widened (tree sizes 3-9 under ECHO).

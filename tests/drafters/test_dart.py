@@ -258,7 +258,7 @@ def test_bad_trie_files_are_clear_errors(tmp_path):
 
 
 def test_build_ngram_cli(tmp_path, capsys):
-    from sglang_echo.training.datagen import write_shard
+    from sglang_echo.training.shards import write_shard
     from sglang_echo.training.ngram_cli import main as build_ngram_main
 
     tok_dir = tmp_path / "tok"

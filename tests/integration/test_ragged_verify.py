@@ -345,7 +345,7 @@ def test_a_full_mask_buffer_is_filled_for_padded_verify() -> None:
     from sglang.srt.layers.attention.verify_mask import VerifyMask
     from sglang.srt.speculative.eagle_utils import TreeMaskMode
 
-    from sglang_echo.integration.padded import plain_dense
+    from sglang_echo.core.dense import plain_dense
 
     from .test_plain_step import _worker
 

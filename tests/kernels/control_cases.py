@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from sglang_echo.core.pack import PaddedTrees
-from sglang_echo.integration.padded import DenseVerifyTensors
+from sglang_echo.core.dense import DenseVerifyTensors
 
 POISON_INT = -777_777  # no slot, token, depth, position or link is ever this
 POISON_BYTE = 0x5A  # neither False (0) nor True (1) as a bool's byte

@@ -24,8 +24,8 @@ from sglang_echo.core.factory import ELASTIC_POLICIES, POLICIES
 from sglang_echo.core.pack import pad_pool
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
 from sglang_echo.core.tree import DraftTrees
-from sglang_echo.integration.padded import DenseVerifyTensors, dense_from_padded, to_sglang_dense
-from sglang_echo.kernels.control import layout
+from sglang_echo.core.dense import DenseVerifyTensors, dense_from_padded, to_sglang_dense
+from sglang_echo.kernels.control import TRITON, layout
 
 from .control_cases import poison_, poisoned_empty, same
 
@@ -65,7 +65,8 @@ def build(name, cfg, drafter, roots, kernel, k_max=None):
     seen = []  # every frontier the drafter is handed (the kernel writes its tokens and path scores)
     propose = drafter.propose
     drafter.propose = lambda frontier, k: seen.append(frontier) or propose(frontier, k)
-    trees, state = build_trees(make_policy(name, replace(cfg, control_kernel=kernel)), drafter, roots, k_max)
+    trees, state = build_trees(make_policy(name, replace(cfg, control_kernel=kernel), fused=TRITON), drafter, roots,
+                               k_max)
     state.extra["frontiers"] = seen
     return trees, state
 
@@ -176,7 +177,7 @@ def test_graphed_builder_runs_the_kernels():
     cfg = PolicyConfig(k_max=4 * batch, max_depth=6, control_kernel="triton")
     world = SyntheticWorld(batch, vocab=VOCAB, seed=4, device=DEVICE)
     width = max_tree_size("echo", cfg)
-    fused = GraphedTreeBuilder(make_policy("echo", cfg), Coarse(world), batch, width, DEVICE, graphs=False,
+    fused = GraphedTreeBuilder(make_policy("echo", cfg, fused=TRITON), Coarse(world), batch, width, DEVICE, graphs=False,
                                pad=layout.pad_pool, finish=layout.dense_from_padded)
     for seed in range(3):
         roots = roots_for(batch, seed)
@@ -190,6 +191,8 @@ def test_graphed_builder_runs_the_kernels():
 def test_unknown_kernel_is_refused():
     with pytest.raises(ValueError, match="unknown control kernel"):
         make_policy("echo", PolicyConfig(control_kernel="cuda"))
+    with pytest.raises(ValueError, match="fused=sglang_echo.kernels.control.TRITON"):  # the core never imports kernels
+        make_policy("echo", PolicyConfig(control_kernel="triton"))
 
 
 @pytest.mark.gpu
@@ -203,7 +206,7 @@ def test_cuda_graphs_of_the_kernels_equal_eager(name, batch, w_def, w_max, monke
     world = SyntheticWorld(batch, vocab=VOCAB, seed=5, device="cuda")
     width = max_tree_size(name, cfg)
     with poisoned_empty(monkeypatch):
-        graphed = GraphedTreeBuilder(make_policy(name, replace(cfg, control_kernel="triton")), Coarse(world), batch,
+        graphed = GraphedTreeBuilder(make_policy(name, replace(cfg, control_kernel="triton"), fused=TRITON), Coarse(world), batch,
                                      width, "cuda", pad=layout.pad_pool, finish=layout.dense_from_padded)
         for seed in range(5):  # the first call captures, the rest replay
             roots = roots_for(batch, seed, "cuda")
@@ -251,7 +254,8 @@ def test_real_model_with_the_kernels_is_lossless_and_drafts_the_same(smollm2_dir
     prompts = load_prompt_ids("chat", 4, tokenizer, 48)
     cfg = PolicyConfig(k_max=12, max_depth=6, w_def=1, w_max=4)  # 3 draft tokens a request: gates bind
     ar = autoregressive_generate(target, prompts, 16)
-    runs = [speculative_generate(target, drafter, make_policy("echo", replace(cfg, control_kernel=k)), prompts, 16)
+    runs = [speculative_generate(target, drafter, make_policy("echo", replace(cfg, control_kernel=k), fused=TRITON),
+                                 prompts, 16)
             for k in ("torch", "triton")]
     for res in runs:
         assert res.tokens == ar.tokens

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sglang_echo.core.pack import PaddedTrees, pad_pool
-from sglang_echo.integration.padded import DenseVerifyTensors, dense_from_padded
+from sglang_echo.core.dense import DenseVerifyTensors, dense_from_padded
 from sglang_echo.kernels.control import layout
 
 from .control_cases import assert_same_fields, dense_buffers, padded_buffers, poison_, random_pool

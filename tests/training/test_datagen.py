@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from sglang_echo.training import datagen
-from sglang_echo.training.datagen import generate, read_shards, up_to_eos
+from sglang_echo.training.datagen import generate, up_to_eos
+from sglang_echo.training.shards import read_shards
 from sglang_echo.training.prompt_pool import build_pool
 
 

@@ -20,7 +20,7 @@ import torch
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-from sglang_echo.integration.ragged import MARK as RAGGED_MARK
+from sglang_echo.core.dense import RAGGED_MARK
 from sglang_echo.platform import deterministic
 from sglang_echo.platform.attention.invariant import KeyLayout, causal_layout, invariant_attention, tree_layout
 from sglang_echo.platform.attention.paged_sdpa import causal_mask, paged_sdpa, tree_mask

@@ -20,9 +20,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sglang_echo.core.pack import PaddedTrees, child_links, pad_trees
-from sglang_echo.core.tree import DraftTrees
-from sglang_echo.kernels.tree_attention.metadata import full_mask_cells
+from .pack import PaddedTrees, child_links, pad_trees
+from .tree import DraftTrees
+
+
+# The attribute of a verify input (sglang's spec_info) that asks the target for ragged verify:
+# [bs] int32 K_i, each request's real tree nodes (slots [0, K_i) of its W). The ECHO workers set it
+# (integration/ragged.py); the attention backends that verify ragged trees read it (echo_torch on the
+# CPU platform, echo_tree_triton).
+RAGGED_MARK = "echo_verify_lens"
 
 
 @dataclass
@@ -96,6 +102,23 @@ def plain_dense(roots: Tensor, seq_lens: Tensor, full_mask: bool = False) -> Den
         valid=visible[:, :, 0],
         sizes=torch.ones(B, dtype=torch.int32, device=dev),
     )
+
+
+def full_mask_cells(prefix_lens: Tensor, num_draft: int, width: int | None = None) -> Tensor:
+    """Where tree cell ``(b, j, k)`` sits in sglang's FULL_MASK ``custom_mask``, ``[B, n, width]``.
+
+    FULL_MASK packs requests one after another, each as ``n`` rows of ``prefix_b + n`` cells;
+    the tree columns of a row start after its ``prefix_b`` prefix columns.
+    """
+    n = num_draft
+    width = n if width is None else width
+    prefix = prefix_lens.to(torch.int64)
+    row_len = prefix + n
+    starts = torch.cumsum(row_len * n, 0) - row_len * n
+    rows = torch.arange(n, device=prefix.device)
+    cols = torch.arange(width, device=prefix.device)
+    return (starts[:, None, None] + rows[None, :, None] * row_len[:, None, None]
+            + prefix[:, None, None] + cols[None, None, :])
 
 
 def full_prefix_rows(mask: Tensor, seq_lens: Tensor) -> Tensor:

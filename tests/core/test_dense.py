@@ -10,7 +10,7 @@ from sglang_echo.core.policy import build_trees
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
 from sglang_echo.core.factory import POLICIES
 from sglang_echo.integration.config import load_config, make_echo_policy
-from sglang_echo.integration.padded import plain_dense, to_sglang_dense
+from sglang_echo.core.dense import plain_dense, to_sglang_dense
 
 
 def _trees(policy_name: str, B: int = 6, k_max: int = 20, seed: int = 0, **env):
