@@ -10,6 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+# Without CUDA every Triton kernel in the tests runs under Triton's interpreter. Triton reads the
+# variable when a kernel is decorated, so it is set before any test module is collected: a module
+# that imports transformers at collection time also imports triton.language, and the interpreter
+# needs Triton's own library functions decorated in interpreter mode too (tests/kernels/conftest.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from sglang_echo.serve.flags import ServerOptions
 from sglang_echo.serve.server import SGLangServer, find_free_port_pair
 

@@ -261,5 +261,5 @@ def test_smoke_against_sglang(smollm2_dir: Path, tmp_path: Path) -> None:
     assert [int(r["users"]) for r in rows] == [int(u) for u in SMOKE["users"].split(",")]
     for r in rows:  # how many requests fit in a level depends on the machine; that any do does not
         assert int(r["requests"]) > 0 and r["failures"] == "0"
-        assert 0 < int(r["output_tokens"]) <= int(r["requests"]) * SMOKE["max_tokens"]
+        assert 0 < int(r["output_tokens"]) <= int(r["requests"]) * SMOKE["max_new_tokens"]
         assert float(r["ttft_p50_ms"]) > 0 and float(r["tpot_p50_ms"]) > 0
