@@ -4,7 +4,7 @@ Ports come from ``INTEGRATION_PORTS`` (tests/conftest.py), bound to 127.0.0.1.
 Every drafter runs echo, chain and static-tree in a server. The other policies (``echo_matrix``)
 are drafter-agnostic in the core, so by default each runs with one drafter (:data:`DEFAULT_PAIRS`:
 every policy and every drafter still meet a server, in a CI-sized run);
-``SGLANG_ECHO_FULL_MATRIX=1`` runs every drafter x policy and ``SGLANG_ECHO_QUICK=1`` none of them
+``SGLANG_ECHO_TEST_FULL_MATRIX=1`` runs every drafter x policy and ``SGLANG_ECHO_TEST_QUICK=1`` none of them
 (nor the SmolLM2 EAGLE-3 case).
 """
 
@@ -50,13 +50,13 @@ DEFAULT_PAIRS = {"eagle3": ("ar", "budgeted-chain"), "ngram": ("dense-gating",),
 
 def matrix(drafter: str, policies: tuple[str, ...] = MATRIX_POLICIES) -> list:
     """``echo_matrix`` parameters for ``drafter``: the pairs outside :data:`DEFAULT_PAIRS` skip
-    unless ``SGLANG_ECHO_FULL_MATRIX=1``."""
-    full = os.environ.get("SGLANG_ECHO_FULL_MATRIX") == "1"
+    unless ``SGLANG_ECHO_TEST_FULL_MATRIX=1``."""
+    full = os.environ.get("SGLANG_ECHO_TEST_FULL_MATRIX") == "1"
     params = []
     for policy in policies:
         marks = [pytest.mark.echo_matrix]
         if not full and policy not in DEFAULT_PAIRS[drafter]:
-            marks.append(pytest.mark.skip(reason=f"{drafter} x {policy}: full matrix only (SGLANG_ECHO_FULL_MATRIX=1)"))
+            marks.append(pytest.mark.skip(reason=f"{drafter} x {policy}: full matrix only (SGLANG_ECHO_TEST_FULL_MATRIX=1)"))
         params.append(pytest.param(policy, marks=marks))
     return params
 
@@ -98,9 +98,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("SGLANG_ECHO_QUICK") != "1":
+    if os.environ.get("SGLANG_ECHO_TEST_QUICK") != "1":
         return
-    skip = pytest.mark.skip(reason="SGLANG_ECHO_QUICK=1: full policy matrix skipped")
+    skip = pytest.mark.skip(reason="SGLANG_ECHO_TEST_QUICK=1: full policy matrix skipped")
     for item in items:
         if "echo_matrix" in item.keywords:
             item.add_marker(skip)
