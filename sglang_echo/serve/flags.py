@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_echo.platform.cpu import cpu_has_bf16_gemm
+from sglang_echo.platform.cpu import cpu_has_amx_bf16, cpu_has_bf16_gemm
 
 SPECS = ("none", "ngram", "eagle3", "echo")
 # Attention backend registered by sglang_echo.platform (pure torch, supports target-verify).
@@ -126,13 +126,27 @@ def sgl_kernel_installed() -> bool:
 
 
 def default_dtype(device: str) -> str:
-    """The dtype ``make serve`` prepares SmolLM2 in and serves: bfloat16 on GPUs and on CPUs with
-    native bf16 GEMMs, float32 on other CPUs, where bf16 (and sglang's ``auto`` for a float32
-    checkpoint, float16) runs every GEMM through conversions: 1.8x slower than float32 at 8
-    concurrent requests on an AVX2 host (``benchmarks/results/serve-smollm2-dtype``)."""
-    if device == "cpu" and not cpu_has_bf16_gemm():
-        return "float32"
-    return "bfloat16"
+    """The dtype ``make serve`` prepares SmolLM2 in and serves (:func:`dtype_reason` says why)."""
+    return dtype_choice(device)[0]
+
+
+def dtype_reason(device: str) -> str:
+    return dtype_choice(device)[1]
+
+
+def dtype_choice(device: str) -> tuple[str, str]:
+    """bfloat16 on GPUs and on CPUs with AMX; float32 on other CPUs. Measured side by side (plain
+    decoding, SmolLM2, 8-32 concurrent requests): on an AVX2 CPU float32 serves 1.7-3.1x bf16's
+    tokens/s (bf16 GEMMs run through conversions there), on an AVX-512 BF16 one 1.2-1.5x (its bf16
+    dot products run on the same vector units, at more work per token); only AMX's matrix unit
+    makes bf16 GEMMs cheaper. float32 is also the dtype in which speculation is token for token
+    plain decoding without the batch-invariant mode."""
+    if device != "cpu":
+        return "bfloat16", "a GPU"
+    if cpu_has_amx_bf16():
+        return "bfloat16", "this CPU has AMX, whose bf16 GEMMs outrun float32"
+    why = "AVX-512 BF16 but no AMX" if cpu_has_bf16_gemm() else "no native bf16 GEMMs"
+    return "float32", f"this CPU has {why}: float32 serves 1.2-3.1x bf16's tokens/s at 8-32 requests there"
 
 
 def resolve_dtype(dtype: str | None, device: str, prepared_model: bool) -> str | None:

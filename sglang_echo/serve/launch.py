@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sglang_echo.cli_args import DTYPES, SERVER_DEVICES, Parser, model_dir, out_file, port, positive_int, run
 from sglang_echo.serve.flags import (
-    SPECS, LaunchError, ServerOptions, SpecOptions, build_command, resolve_device, resolve_dtype,
+    SPECS, LaunchError, ServerOptions, SpecOptions, build_command, dtype_reason, resolve_device, resolve_dtype,
 )
 
 
@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--draft", type=model_dir, default=None,
                     help="EAGLE-3 draft head dir (eagle3/echo; default: the shipped head)")
     ap.add_argument("--dtype", choices=DTYPES, default=None,
-                    help="(default: bfloat16 on GPUs and on CPUs with bf16 GEMMs, else float32)")
+                    help="(default: bfloat16 on GPUs and on CPUs with AMX, else float32: the faster one there)")
     ap.add_argument("--device", choices=SERVER_DEVICES, default=None, help="(default: cuda if available)")
     ap.add_argument("--max-total-tokens", type=positive_int, default=None, help="the KV pool in tokens")
     ap.add_argument("--num-steps", type=positive_int, default=SpecOptions.num_steps, help="eagle3: draft steps")
@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
+    chosen = args.dtype is None
     args.dtype = resolve_dtype(args.dtype, device, args.model is None)
     opts = ServerOptions(
         model_path=args.model or Path("<prepared>"),
@@ -133,6 +134,8 @@ def _launch(args: argparse.Namespace) -> int:
 
         res = prepare_for_serving(args.dtype)
         print(f"[sglang-echo] model: {res.path} ({args.dtype}; {'cached' if res.cached else f'prepared in {res.seconds:.0f}s'})")
+        if chosen:
+            print(f"[sglang-echo] dtype {args.dtype}: {dtype_reason(device)}")
         opts = replace(opts, model_path=res.path)
     else:
         print(f"[sglang-echo] model: {args.model}")

@@ -34,14 +34,17 @@ def _shipped_calibration(drafter: str) -> str:
 
 
 def test_the_default_dtype_follows_the_hardware(monkeypatch) -> None:
-    monkeypatch.setattr(flags, "cpu_has_bf16_gemm", lambda: False)
-    assert default_dtype("cpu") == "float32" and default_dtype("cuda") == "bfloat16"
+    monkeypatch.setattr(flags, "cpu_has_amx_bf16", lambda: False)
+    for bf16_dot in (False, True):  # AVX2, AVX-512 BF16: float32 is the faster one
+        monkeypatch.setattr(flags, "cpu_has_bf16_gemm", lambda v=bf16_dot: v)
+        assert default_dtype("cpu") == "float32" and default_dtype("cuda") == "bfloat16"
+        assert ("AVX-512 BF16 but no AMX" in flags.dtype_reason("cpu")) == bf16_dot
     assert flags.resolve_dtype(None, "cpu", prepared_model=False) == "float32"  # never sglang's auto on a CPU
     assert flags.resolve_dtype(None, "cuda", prepared_model=False) is None  # a user's checkpoint on a GPU: auto
     assert flags.resolve_dtype(None, "cuda", prepared_model=True) == "bfloat16"
     assert flags.resolve_dtype("float16", "cpu", prepared_model=True) == "float16"  # asked for
-    monkeypatch.setattr(flags, "cpu_has_bf16_gemm", lambda: True)
-    assert default_dtype("cpu") == "bfloat16"
+    monkeypatch.setattr(flags, "cpu_has_amx_bf16", lambda: True)
+    assert default_dtype("cpu") == "bfloat16" and "AMX" in flags.dtype_reason("cpu")
 
 
 def test_a_cpu_server_names_its_dtype(smollm2_dir: Path, tmp_path: Path) -> None:
