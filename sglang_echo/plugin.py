@@ -1,5 +1,6 @@
 """sglang general plugin: registers ``--speculative-algorithm ECHO`` (and its ragged-verify hook on
-``ModelRunner.forward``) and the ``echo_tree_triton`` attention backend (Triton tree verify, GPU);
+``ModelRunner.forward``), the ``echo_tree_triton`` attention backend (Triton tree verify, GPU) and
+the request guard (``integration/request_guard.py``: malformed requests get a 400, every server);
 with ``SGLANG_ECHO_SIMULATE`` set, also simulated acceptance's hooks (``integration/simulate.py``).
 
 Entry point ``sglang.srt.plugins: echo = "sglang_echo.plugin:register"``. sglang calls it (via
@@ -70,6 +71,11 @@ def register() -> None:
     from sglang_echo.integration.dflash import RESOLVER, resolve_capture_layers
 
     HookRegistry.register(RESOLVER, resolve_capture_layers, HookType.AROUND)
+    # Every server (any --speculative-algorithm, CPU or GPU): a request the model cannot run (token
+    # ids outside its vocabulary, an empty prompt, ...) gets a 400 before it reaches the scheduler.
+    from sglang_echo.integration import request_guard
+
+    request_guard.register(HookRegistry, HookType)
     # SGLANG_ECHO_SIMULATE only (integration/simulate.py): the target's tokens come from a recorded trace.
     from sglang_echo.integration import simulate
 
