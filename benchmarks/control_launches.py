@@ -23,10 +23,10 @@ os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else 
 
 from sglang_echo.bench.scheduler import OpCounter, TimedDrafter  # noqa: E402
 from sglang_echo.core import PolicyConfig, make_policy  # noqa: E402
+from sglang_echo.core.dense import dense_from_padded  # noqa: E402
 from sglang_echo.core.factory import max_tree_size  # noqa: E402
 from sglang_echo.core.graphs import GraphedTreeBuilder  # noqa: E402
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld  # noqa: E402
-from sglang_echo.core.dense import dense_from_padded  # noqa: E402
 from sglang_echo.kernels.control import elastic, layout  # noqa: E402
 
 COUNTER = OpCounter()
@@ -49,11 +49,16 @@ class _Launch:
                 return launch(*args, **kwargs)
             finally:
                 COUNTER.paused = paused
+
         return run
 
 
-for module, name in ((elastic, "_elastic_depth_kernel"), (elastic, "_elastic_select_kernel"),
-                     (layout, "_pad_pool_kernel"), (layout, "_dense_kernel")):
+for module, name in (
+    (elastic, "_elastic_depth_kernel"),
+    (elastic, "_elastic_select_kernel"),
+    (layout, "_pad_pool_kernel"),
+    (layout, "_dense_kernel"),
+):
     setattr(module, name, _Launch(getattr(module, name)))
 
 
@@ -84,9 +89,11 @@ def main() -> None:
     B = args.batch
     print(f"launches per step (every depth drafted), batch {B}, {args.device}")
     print(f"{'policy':<28}{'eager ops':>11}{'fused ops':>11}{'+ programs':>12}{'ratio':>8}{'syncs':>7}")
-    for name, cfg in (("echo", PolicyConfig(k_max=4 * B, max_depth=8, w_def=1, w_max=4)),
-                      ("echo", PolicyConfig(k_max=8 * B, max_depth=8, w_def=2, w_max=8)),
-                      ("dense-gating", PolicyConfig(k_max=4 * B, max_depth=8, w_def=1, w_max=4))):
+    for name, cfg in (
+        ("echo", PolicyConfig(k_max=4 * B, max_depth=8, w_def=1, w_max=4)),
+        ("echo", PolicyConfig(k_max=8 * B, max_depth=8, w_def=2, w_max=8)),
+        ("dense-gating", PolicyConfig(k_max=4 * B, max_depth=8, w_def=1, w_max=4)),
+    ):
         eager, _, _ = count(name, cfg, B, False, args.device)
         ops, programs, syncs = count(name, cfg, B, True, args.device)
         label = f"{name} K_max={cfg.k_max // B}B W={cfg.w_def}/{cfg.w_max}"

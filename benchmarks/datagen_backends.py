@@ -41,13 +41,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for backend, batch in (("server", args.server_batch), ("hf", args.hf_batch)):
             t0 = time.perf_counter()
-            generate(model, work / backend, args.prompts, args.max_new, batch=batch, shard_size=args.prompts,
-                     dtype=args.dtype, backend=backend)
+            generate(
+                model,
+                work / backend,
+                args.prompts,
+                args.max_new,
+                batch=batch,
+                shard_size=args.prompts,
+                dtype=args.dtype,
+                backend=backend,
+            )
             seconds = time.perf_counter() - t0  # server start-up included: it is part of the cost
             rows = read_shards(work / backend)
             tokens = sum(len(s) - p for s, p in rows)
-            runs[backend] = {"batch": batch, "seconds": round(seconds, 1), "answer_tokens": tokens,
-                             "tokens_per_s": round(tokens / seconds, 1), "rows": rows}
+            runs[backend] = {
+                "batch": batch,
+                "seconds": round(seconds, 1),
+                "answer_tokens": tokens,
+                "tokens_per_s": round(tokens / seconds, 1),
+                "rows": rows,
+            }
             print(f"{backend}: {tokens} answer tokens in {seconds:.0f} s = {tokens / seconds:.1f} tok/s", flush=True)
         same = sum(int(a[0].equal(b[0])) for a, b in zip(runs["server"]["rows"], runs["hf"]["rows"]))
     finally:
@@ -57,10 +70,21 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs.values():
         del r["rows"]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "datagen_backends.json").write_text(json.dumps({
-        "command": "python benchmarks/datagen_backends.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": describe(), "settings": {**vars(args), "out": str(args.out), "model": str(model)},
-        "runs": runs, "server_over_hf": round(ratio, 2), "identical_rows": same}, indent=1) + "\n")
+    (args.out / "datagen_backends.json").write_text(
+        json.dumps(
+            {
+                "command": "python benchmarks/datagen_backends.py "
+                + " ".join(argv if argv is not None else sys.argv[1:]),
+                "machine": describe(),
+                "settings": {**vars(args), "out": str(args.out), "model": str(model)},
+                "runs": runs,
+                "server_over_hf": round(ratio, 2),
+                "identical_rows": same,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     return 0
 
 

@@ -38,8 +38,16 @@ def make_inputs(bs: int, seqs: int, length: int, prompt: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     V, H = cfg.vocab_size, cfg.hidden_size
     head = DFlashHead(cfg, torch.randn(V, H, generator=g) * 0.02, torch.randn(V, H, generator=g) * 0.02)
-    batch = collate([Sequence(torch.randint(0, V, (length,), generator=g), prompt_len=prompt,
-                              features=torch.randn(length, 3 * H, generator=g)) for _ in range(seqs)])
+    batch = collate(
+        [
+            Sequence(
+                torch.randint(0, V, (length,), generator=g),
+                prompt_len=prompt,
+                features=torch.randn(length, 3 * H, generator=g),
+            )
+            for _ in range(seqs)
+        ]
+    )
     anchors, keep = AnchorSampler(seed=seed).sample(batch, training=True)
     return head.train(), batch, anchors, keep
 
@@ -71,9 +79,13 @@ def run(bs: int, args) -> dict:
         def step():
             head.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                hid = (head.forward_blocks(blocks, pos, kv, ctx_mask, group=bs) if grouped
-                       else head.forward_blocks(blocks, pos, kv, dense))
+                hid = (
+                    head.forward_blocks(blocks, pos, kv, ctx_mask, group=bs)
+                    if grouped
+                    else head.forward_blocks(blocks, pos, kv, dense)
+                )
             hid.float().square().mean().backward()
+
         return step
 
     def loss_step():
@@ -82,9 +94,15 @@ def run(bs: int, args) -> dict:
         loss.backward()
 
     dense_s, grouped_s = timed(layers(False), args.reps), timed(layers(True), args.reps)
-    return {"block_size": bs, "anchors_per_seq": anchors.shape[1], "block_positions_per_seq": anchors.shape[1] * bs,
-            "dense_layers_s": dense_s, "grouped_layers_s": grouped_s, "speedup": dense_s / grouped_s,
-            "loss_step_grouped_s": timed(loss_step, args.reps)}
+    return {
+        "block_size": bs,
+        "anchors_per_seq": anchors.shape[1],
+        "block_positions_per_seq": anchors.shape[1] * bs,
+        "dense_layers_s": dense_s,
+        "grouped_layers_s": grouped_s,
+        "speedup": dense_s / grouped_s,
+        "loss_step_grouped_s": timed(loss_step, args.reps),
+    }
 
 
 def main(argv=None) -> None:
@@ -99,19 +117,35 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = [run(int(b), args) for b in args.block_sizes.split(",")]
-    lines = ["| block size | block positions / seq | dense mask fwd+bwd (s) | grouped fwd+bwd (s) | speedup | whole loss step, grouped (s) |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['block_size']} | {r['block_positions_per_seq']} | {r['dense_layers_s']:.3f} | {r['grouped_layers_s']:.3f} "
-              f"| {r['speedup']:.2f}x | {r['loss_step_grouped_s']:.3f} |" for r in rows]
+    lines = [
+        "| block size | block positions / seq | dense mask fwd+bwd (s) | grouped fwd+bwd (s) | speedup "
+        "| whole loss step, grouped (s) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r['block_size']} | {r['block_positions_per_seq']} | {r['dense_layers_s']:.3f} "
+        f"| {r['grouped_layers_s']:.3f} "
+        f"| {r['speedup']:.2f}x | {r['loss_step_grouped_s']:.3f} |"
+        for r in rows
+    ]
     print("\n".join(lines))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        meta = {"command": "python " + " ".join(["benchmarks/dflash_train_attention.py", *(argv or sys.argv[1:])]),
-                "machine": f"{platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}",
-                "seqs": args.seqs, "length": args.length, "prompt": args.prompt, "reps": args.reps, "rows": rows}
+        meta = {
+            "command": "python " + " ".join(["benchmarks/dflash_train_attention.py", *(argv or sys.argv[1:])]),
+            "machine": f"{platform.processor() or platform.machine()}, {args.threads} threads, "
+            f"torch {torch.__version__}",
+            "seqs": args.seqs,
+            "length": args.length,
+            "prompt": args.prompt,
+            "reps": args.reps,
+            "rows": rows,
+        }
         (args.out / "attention.json").write_text(json.dumps(meta, indent=2) + "\n")
-        (args.out / "attention.md").write_text(f"# DFlash training attention on the CPU\n\n`{meta['command']}` "
-                                               f"({meta['machine']}; median of {args.reps})\n\n" + "\n".join(lines) + "\n")
+        (args.out / "attention.md").write_text(
+            f"# DFlash training attention on the CPU\n\n`{meta['command']}` "
+            f"({meta['machine']}; median of {args.reps})\n\n" + "\n".join(lines) + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -59,24 +59,54 @@ def main(argv: list[str] | None = None) -> int:
                 for d in dtypes if rep % 2 == 0 else dtypes[::-1]:
                     seconds, gens, _ = _one_level(servers[d].base_url, texts, c, [args.max_new] * n)
                     tokens = sum(len(g.output_ids) for g in gens)
-                    runs.append({"dtype": d, "concurrency": c, "repeat": rep, "requests": n, "tokens": tokens,
-                                 "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 2)})
+                    runs.append(
+                        {
+                            "dtype": d,
+                            "concurrency": c,
+                            "repeat": rep,
+                            "requests": n,
+                            "tokens": tokens,
+                            "seconds": round(seconds, 3),
+                            "tokens_per_s": round(tokens / seconds, 2),
+                        }
+                    )
                     print(json.dumps(runs[-1]), flush=True)
     base = dtypes[0]
-    rows = ["| concurrency | " + " | ".join(f"{d} tok/s" for d in dtypes) + " | "
-            + " | ".join(f"{d} / {base}" for d in dtypes[1:]) + " |",
-            "| --- |" + " --- |" * (2 * len(dtypes) - 1)]
+    rows = [
+        "| concurrency | "
+        + " | ".join(f"{d} tok/s" for d in dtypes)
+        + " | "
+        + " | ".join(f"{d} / {base}" for d in dtypes[1:])
+        + " |",
+        "| --- |" + " --- |" * (2 * len(dtypes) - 1),
+    ]
     for c in levels:
         tps = {d: [r["tokens_per_s"] for r in runs if r["dtype"] == d and r["concurrency"] == c] for d in dtypes}
         ratios = {d: [a / b for a, b in zip(tps[d], tps[base])] for d in dtypes[1:]}
-        rows.append(f"| {c} | " + " | ".join(" / ".join(f"{v:.1f}" for v in tps[d]) for d in dtypes) + " | "
-                    + " | ".join(f"{statistics.median(ratios[d]):.2f}x (" + " / ".join(f"{v:.2f}" for v in ratios[d]) + ")"
-                                 for d in dtypes[1:]) + " |")
+        rows.append(
+            f"| {c} | "
+            + " | ".join(" / ".join(f"{v:.1f}" for v in tps[d]) for d in dtypes)
+            + " | "
+            + " | ".join(
+                f"{statistics.median(ratios[d]):.2f}x (" + " / ".join(f"{v:.2f}" for v in ratios[d]) + ")"
+                for d in dtypes[1:]
+            )
+            + " |"
+        )
     table = "\n".join(rows)
     print(table)
-    (args.out / "serve_dtype.json").write_text(json.dumps(
-        {"command": "python benchmarks/serve_dtype.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-         "machine": describe(), "settings": vars(args) | {"out": str(args.out)}, "runs": runs}, indent=1) + "\n")
+    (args.out / "serve_dtype.json").write_text(
+        json.dumps(
+            {
+                "command": "python benchmarks/serve_dtype.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "machine": describe(),
+                "settings": vars(args) | {"out": str(args.out)},
+                "runs": runs,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     (args.out / "serve_dtype.md").write_text(table + "\n")
     return 0
 

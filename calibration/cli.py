@@ -28,8 +28,20 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sglang_echo.cli_args import (
-    DTYPES, SERVER_DEVICES, CommandError, Parser, alias, at_least, between, existing_file, failure_line, model_dir,
-    out_file, port, positive_int, run,
+    DTYPES,
+    SERVER_DEVICES,
+    CommandError,
+    Parser,
+    alias,
+    at_least,
+    between,
+    existing_file,
+    failure_line,
+    model_dir,
+    out_file,
+    port,
+    positive_int,
+    run,
 )
 from sglang_echo.core.calibration_file import Calibration, fingerprint
 from sglang_echo.core.kmax import Device
@@ -50,29 +62,52 @@ def parser() -> Parser:
     ap = Parser(prog="echo-calibrate", description=__doc__.splitlines()[0])
     add = ap.add_argument
     add("--drafter", choices=DRAFTERS, required=True)
-    add("--model", type=model_dir, default=None,
-        help="target checkpoint folder (default: the prepared SmolLM2, as make serve)")
+    add(
+        "--model",
+        type=model_dir,
+        default=None,
+        help="target checkpoint folder (default: the prepared SmolLM2, as make serve)",
+    )
     add("--draft", type=model_dir, default=None, help="the drafter's head folder (default: the shipped head)")
-    add("--prompts", default="chat,humaneval",
-        help="a JSONL file ({'prompt'} or {'messages'} per line) or built-in sets, comma-separated")
+    add(
+        "--prompts",
+        default="chat,humaneval",
+        help="a JSONL file ({'prompt'} or {'messages'} per line) or built-in sets, comma-separated",
+    )
     add("--num-prompts", type=positive_int, default=32, help="prompts in all (spread over the sets)")
     add("--max-new-tokens", type=positive_int, default=128, help="generated tokens per request")
     add("--depth", type=positive_int, default=8, help="probe tree depth (depths 1..depth get a row)")
     add("--width", type=at_least(2), default=4, help="probe beam width per depth (the verify path needs a tree)")
-    add("--target-depth", type=positive_int, default=4,
-        help="the served tree depth (ECHO max_depth): always a sweet spot")
+    add(
+        "--target-depth",
+        type=positive_int,
+        default=4,
+        help="the served tree depth (ECHO max_depth): always a sweet spot",
+    )
     add("--concurrency", type=positive_int, default=8, help="probe requests in flight")
     add("--criterion", choices=tuple(stats.CRITERIA), default="youden")
-    add("--auc-min", type=between(0.0, 1.0, high_open=True), default=stats.DEFAULT_AUC_MIN,
-        help="xi: depths with AUC > xi are sweet spots")
-    add("--min-class-samples", type=positive_int, default=stats.MIN_CLASS_SAMPLES,
-        help="a depth needs this many accepted and rejected samples to qualify by AUC")
+    add(
+        "--auc-min",
+        type=between(0.0, 1.0, high_open=True),
+        default=stats.DEFAULT_AUC_MIN,
+        help="xi: depths with AUC > xi are sweet spots",
+    )
+    add(
+        "--min-class-samples",
+        type=positive_int,
+        default=stats.MIN_CLASS_SAMPLES,
+        help="a depth needs this many accepted and rejected samples to qualify by AUC",
+    )
     add("--out", type=out_file, default=Path("echo-calibration.json"), help="the calibration JSON")
     add("--resume", action="store_true", help="keep the samples of an interrupted run and probe only the rest")
     add("--from-samples", type=existing_file, default=None, help="skip probing: summarise an existing samples file")
-    add("--dtype", choices=DTYPES, default=None,
+    add(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
         help="as the server will run (default: what make serve runs: bfloat16 on GPUs and CPUs with bf16 GEMMs, "
-             "else float32)")
+        "else float32)",
+    )
     add("--device", choices=SERVER_DEVICES, default=None, help="the probe server's device (default: cuda if available)")
     add("--port", type=port, default=None, help="the probe server's port (default: a free one)")
     alias(ap, "--model", "--target")
@@ -168,8 +203,11 @@ def summarise(args, samples, model: Path, draft: Path | None, probe: dict) -> tu
     k_max, curve = stats.verify_cost_knee(samples.verify_tokens, samples.verify_s)
     calib = Calibration(
         model={"name": model.name, "fingerprint": fingerprint(model)},
-        drafter={"kind": args.drafter, "name": draft.name if draft else "ngram",
-                 "fingerprint": drafter_fingerprint(args.drafter, draft)},
+        drafter={
+            "kind": args.drafter,
+            "name": draft.name if draft else "ngram",
+            "fingerprint": drafter_fingerprint(args.drafter, draft),
+        },
         depths=rows,
         sweet_spots=stats.sweet_spots(list(rows), target_depth, args.auc_min, args.min_class_samples),
         criterion=args.criterion,
@@ -230,18 +268,41 @@ def _probe(args: argparse.Namespace, model: Path, draft: Path | None, samples_pa
 
     tok = AutoTokenizer.from_pretrained(model)
     prompts = load_prompts(args.prompts, args.num_prompts, tok)
-    probe = {"command": command, "prompts": args.prompts, "num_prompts": len(prompts), "width": args.width,
-             "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency}
-    job = ProbeJob(model=model, drafter=args.drafter, draft=draft, prompts=prompts, samples=samples_path,
-                   depth=args.depth, width=args.width, max_new_tokens=args.max_new_tokens,
-                   concurrency=args.concurrency, dtype=args.dtype, device=args.device, port=args.port)
-    log.info("probing %d prompts through sglang (beam tree %dx%d); samples -> %s",
-             len(prompts), args.depth, args.width, samples_path)
+    probe = {
+        "command": command,
+        "prompts": args.prompts,
+        "num_prompts": len(prompts),
+        "width": args.width,
+        "max_new_tokens": args.max_new_tokens,
+        "concurrency": args.concurrency,
+    }
+    job = ProbeJob(
+        model=model,
+        drafter=args.drafter,
+        draft=draft,
+        prompts=prompts,
+        samples=samples_path,
+        depth=args.depth,
+        width=args.width,
+        max_new_tokens=args.max_new_tokens,
+        concurrency=args.concurrency,
+        dtype=args.dtype,
+        device=args.device,
+        port=args.port,
+    )
+    log.info(
+        "probing %d prompts through sglang (beam tree %dx%d); samples -> %s",
+        len(prompts),
+        args.depth,
+        args.width,
+        samples_path,
+    )
     try:
         run_probe(job, resume=args.resume)
     except Exception as e:  # the probe server failed: say where its log is
-        raise CommandError(f"calibration probe failed ({failure_line(e)}); server log: "
-                           f"{samples_path.with_suffix('.server.log')}") from e
+        raise CommandError(
+            f"calibration probe failed ({failure_line(e)}); server log: {samples_path.with_suffix('.server.log')}"
+        ) from e
     meta_file(samples_path).write_text(json.dumps(probe, indent=2) + "\n")
     return probe
 

@@ -79,8 +79,13 @@ class ProbeRecorder:
         path = env.get(ENV_PROBE_OUT)
         return cls(path, device) if path else None
 
-    def on_draft(self, pool: NodePool, max_depth: int, rids: Optional[Sequence[str]] = None,
-                 positions: Optional[Sequence[int]] = None) -> None:
+    def on_draft(
+        self,
+        pool: NodePool,
+        max_depth: int,
+        rids: Optional[Sequence[str]] = None,
+        positions: Optional[Sequence[int]] = None,
+    ) -> None:
         conf, top1 = depth_profile(pool, max_depth)
         row = {"conf": conf.cpu().tolist(), "top1": top1.cpu().tolist()}
         if rids is not None:

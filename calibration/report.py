@@ -27,13 +27,15 @@ def markdown(calib: Calibration, samples: ProbeSamples, curve: list[tuple[int, f
     lines = [
         f"# Calibration: {calib.model.get('name')} + {calib.drafter.get('kind')} ({calib.drafter.get('name')})",
         "",
-        f"Command: `{command}`" + (f" (probe: `{calib.probe['command']}`)" if calib.probe.get("command") not in (None, command) else ""),
+        f"Command: `{command}`"
+        + (f" (probe: `{calib.probe['command']}`)" if calib.probe.get("command") not in (None, command) else ""),
         "",
         f"Probe: beam tree depth {calib.probe.get('depth')} x width {calib.probe.get('width')}, "
         f"{calib.probe.get('num_prompts')} prompts, {samples.num_samples} (request, step) samples; "
         f"criterion {calib.criterion}, xi (AUC floor) {calib.auc_min}, target depth {calib.probe.get('target_depth')}.",
         "",
-        "| depth | samples | accept rate | AUC [95% CI] | tau_d | mean c (acc / rej) | mean top-1 (acc / rej) | sweet spot |",
+        "| depth | samples | accept rate | AUC [95% CI] | tau_d | mean c (acc / rej) | mean top-1 (acc / rej) "
+        "| sweet spot |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in calib.depths:
@@ -95,7 +97,10 @@ def plots(calib: Calibration, samples: ProbeSamples, curve: list[tuple[int, floa
     for ax in list(axes.flat)[D:]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"{calib.model.get('name')} + {calib.drafter.get('kind')}: confidence by outcome (-- tau_d, * sweet spot)", fontsize=10)
+    fig.suptitle(
+        f"{calib.model.get('name')} + {calib.drafter.get('kind')}: confidence by outcome (-- tau_d, * sweet spot)",
+        fontsize=10,
+    )
     fig.tight_layout()
     written.append(_save(fig, prefix.with_name(prefix.name + ".confidence_density.png")))
 
@@ -105,8 +110,14 @@ def plots(calib: Calibration, samples: ProbeSamples, curve: list[tuple[int, floa
     lo, hi = np.array([r.auc_ci[0] for r in calib.depths]), np.array([r.auc_ci[1] for r in calib.depths])
     ax.errorbar(d, a, yerr=[a - lo, hi - a], fmt="o-", capsize=3, label="AUC_d (95% CI)")
     ax.axhline(calib.auc_min, color="gray", ls=":", label=f"xi = {calib.auc_min}")
-    ax.scatter([x for x in d if x in sweet], [r.auc for r in calib.depths if r.depth in sweet],
-               s=120, facecolors="none", edgecolors="tab:orange", label="sweet spots")
+    ax.scatter(
+        [x for x in d if x in sweet],
+        [r.auc for r in calib.depths if r.depth in sweet],
+        s=120,
+        facecolors="none",
+        edgecolors="tab:orange",
+        label="sweet spots",
+    )
     ax.set_xlabel("draft depth d")
     ax.set_ylabel("AUC")
     ax.legend(fontsize=7)
@@ -138,5 +149,7 @@ def _kmax_line(calib: Calibration) -> str:
     if calib.k_max is None:
         return "K_max: none measured (too few distinct batch sizes); servers use their device's default."
     where = f"{calib.device['kind']}: {calib.device['name']}" if calib.device else "an unrecorded device"
-    return (f"K_max: {calib.k_max} (the verify-cost knee, Eq. 2), measured on {where}; servers on that device "
-            "use it as the batch's verification cap unless `k_max` is set.")
+    return (
+        f"K_max: {calib.k_max} (the verify-cost knee, Eq. 2), measured on {where}; servers on that device "
+        "use it as the batch's verification cap unless `k_max` is set."
+    )

@@ -54,9 +54,14 @@ class ProbeJob:
         }
         width = 1 + self.depth * self.width
         return ServerOptions(
-            model_path=self.model, port=port, spec="echo", draft_path=self.draft,
+            model_path=self.model,
+            port=port,
+            spec="echo",
+            draft_path=self.draft,
             spec_options=SpecOptions(num_steps=self.depth, eagle_topk=self.width, num_draft_tokens=width),
-            dtype=self.dtype, device=self.device, max_running_requests=self.concurrency,
+            dtype=self.dtype,
+            device=self.device,
+            max_running_requests=self.concurrency,
             extra_env=tuple(env.items()),
         )
 
@@ -79,9 +84,11 @@ def run_probe(job: ProbeJob, *, resume: bool = False) -> int:
     job.samples.parent.mkdir(parents=True, exist_ok=True)
     port = job.port or find_free_port_pair(31000, 31999)
     server_log = job.samples.with_suffix(".server.log")
-    with SGLangServer(job.server_options(port), log_path=server_log, startup_timeout=job.startup_timeout) as srv, \
-            open(done_path, "a") as done_fh, \
-            ThreadPoolExecutor(max_workers=job.concurrency) as pool:
+    with (
+        SGLangServer(job.server_options(port), log_path=server_log, startup_timeout=job.startup_timeout) as srv,
+        open(done_path, "a") as done_fh,
+        ThreadPoolExecutor(max_workers=job.concurrency) as pool,
+    ):
         futs = {
             pool.submit(generate, srv.base_url, text=text, max_new_tokens=job.max_new_tokens, timeout=1800): pid
             for pid, text in todo

@@ -18,7 +18,9 @@ from sglang_echo.core.calibration_file import CalibrationError, fingerprint, loa
 SHIPPED = Path(str(importlib.resources.files("sglang_echo") / "assets" / "calibration"))
 
 
-def shipped_calibration(model: Path, drafter: str, draft: Optional[Path] = None, root: Path = SHIPPED) -> Optional[Path]:
+def shipped_calibration(
+    model: Path, drafter: str, draft: Optional[Path] = None, root: Path = SHIPPED
+) -> Optional[Path]:
     """The shipped calibration made for this model and drafter, or None."""
     from sglang_echo.integration.config import drafter_fingerprint
 

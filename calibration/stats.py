@@ -36,9 +36,7 @@ def auc_bootstrap_ci(
     if len(accepted) == 0 or len(rejected) == 0:
         return (0.5, 0.5)
     rng = np.random.default_rng(seed)
-    stats = [
-        auc(rng.choice(accepted, len(accepted)), rng.choice(rejected, len(rejected))) for _ in range(n_boot)
-    ]
+    stats = [auc(rng.choice(accepted, len(accepted)), rng.choice(rejected, len(rejected))) for _ in range(n_boot)]
     lo, hi = np.quantile(stats, [alpha / 2, 1 - alpha / 2])
     return float(lo), float(hi)
 
@@ -78,7 +76,9 @@ def expected_yield_threshold(accepted: np.ndarray, rejected: np.ndarray) -> floa
 CRITERIA = {"youden": youden_threshold, "expected-yield": expected_yield_threshold}
 
 
-def summarise_depth(depth: int, confidence: np.ndarray, accepted: np.ndarray, criterion: str = "youden", seed: int = 0) -> DepthStats:
+def summarise_depth(
+    depth: int, confidence: np.ndarray, accepted: np.ndarray, criterion: str = "youden", seed: int = 0
+) -> DepthStats:
     """All per-depth statistics from samples (confidence c_{i,d}, accepted label)."""
     if criterion not in CRITERIA:
         raise ValueError(f"unknown threshold criterion {criterion!r}; choose one of {', '.join(CRITERIA)}")
@@ -101,8 +101,9 @@ def summarise_depth(depth: int, confidence: np.ndarray, accepted: np.ndarray, cr
 MIN_CLASS_SAMPLES = 30
 
 
-def sweet_spots(rows: list[DepthStats], target_depth: int, auc_min: float = DEFAULT_AUC_MIN,
-                min_class: int = MIN_CLASS_SAMPLES) -> tuple[int, ...]:
+def sweet_spots(
+    rows: list[DepthStats], target_depth: int, auc_min: float = DEFAULT_AUC_MIN, min_class: int = MIN_CLASS_SAMPLES
+) -> tuple[int, ...]:
     """D_sig: the root gate (d = 1), the target depth, and every depth whose AUC exceeds xi on at
     least ``min_class`` accepted and ``min_class`` rejected samples."""
     probed = {r.depth for r in rows}

@@ -39,8 +39,17 @@ class VerifyBatch(VerifyLayout):
     sm_scale: float
 
     def args(self) -> tuple:
-        return (self.q, self.k_cache, self.v_cache, self.qo_indptr, self.kv_indptr, self.kv_indices,
-                self.tree_slots, self.packed_mask, self.sm_scale)
+        return (
+            self.q,
+            self.k_cache,
+            self.v_cache,
+            self.qo_indptr,
+            self.kv_indptr,
+            self.kv_indices,
+            self.tree_slots,
+            self.packed_mask,
+            self.sm_scale,
+        )
 
     @property
     def num_prefix(self) -> int:
@@ -56,8 +65,17 @@ def echo_trees(batch: int, k_total: int, seed: int = 0, vocab: int = 1000):
     return trees
 
 
-def make_verify_batch(batch: int, k_total: int, prefix_range: tuple[int, int], hq: int, hkv: int, d: int,
-                      dtype: torch.dtype, device: str, seed: int = 0) -> VerifyBatch:
+def make_verify_batch(
+    batch: int,
+    k_total: int,
+    prefix_range: tuple[int, int],
+    hq: int,
+    hkv: int,
+    d: int,
+    dtype: torch.dtype,
+    device: str,
+    seed: int = 0,
+) -> VerifyBatch:
     """ECHO trees + random prefixes over a shuffled slot cache (prefix and tree slots interleaved)."""
     trees = echo_trees(batch, k_total, seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -73,10 +91,16 @@ def make_verify_batch(batch: int, k_total: int, prefix_range: tuple[int, int], h
         return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
     return VerifyBatch(
-        q=rnd(n, hq, d), k_cache=rnd(s, hkv, d), v_cache=rnd(s, hkv, d),
-        qo_indptr=packed.qo_indptr.to(device=device, dtype=torch.int32), kv_indptr=kv_indptr.to(device),
-        kv_indices=slots[:p].to(device), tree_slots=slots[p:].to(device),
-        packed_mask=packed.packed_mask.to(device), positions=packed.positions.to(device), sm_scale=d ** -0.5,
+        q=rnd(n, hq, d),
+        k_cache=rnd(s, hkv, d),
+        v_cache=rnd(s, hkv, d),
+        qo_indptr=packed.qo_indptr.to(device=device, dtype=torch.int32),
+        kv_indptr=kv_indptr.to(device),
+        kv_indices=slots[:p].to(device),
+        tree_slots=slots[p:].to(device),
+        packed_mask=packed.packed_mask.to(device),
+        positions=packed.positions.to(device),
+        sm_scale=d**-0.5,
     )
 
 
@@ -137,8 +161,9 @@ def sdpa_setup(vb: VerifyBatch) -> Callable[[], Tensor]:
     mask = mask[:, None]
 
     def run() -> Tensor:
-        o = torch.nn.functional.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=vb.sm_scale,
-                                                             enable_gqa=hq != k.shape[1])
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qp, k, v, attn_mask=mask, scale=vb.sm_scale, enable_gqa=hq != k.shape[1]
+        )
         return o.transpose(1, 2)[req, loc]
 
     return run
@@ -165,12 +190,23 @@ def bench_attention(args: argparse.Namespace) -> None:
     dtype = getattr(torch, args.dtype)
     hq, hkv, d = args.heads, args.kv_heads, args.head_dim
     cols = ["batch", "N", "prefix", "triton_ms", "GB/s", "flashinfer/tri", "flex/tri", "sdpa/tri"]
-    print(f"verify attention, {args.dtype}, Hq={hq} Hkv={hkv} D={d}, prefix {args.prefix_min}..{args.prefix_max}, "
-          f"ECHO trees (k_max = {args.tokens_per_req} x batch), device {torch.cuda.get_device_name()}")
+    print(
+        f"verify attention, {args.dtype}, Hq={hq} Hkv={hkv} D={d}, prefix {args.prefix_min}..{args.prefix_max}, "
+        f"ECHO trees (k_max = {args.tokens_per_req} x batch), device {torch.cuda.get_device_name()}"
+    )
     print(" ".join(f"{c:>14}" for c in cols))
     for batch in args.batches:
-        vb = make_verify_batch(batch, batch * args.tokens_per_req, (args.prefix_min, args.prefix_max), hq, hkv, d,
-                               dtype, "cuda", seed=batch)
+        vb = make_verify_batch(
+            batch,
+            batch * args.tokens_per_req,
+            (args.prefix_min, args.prefix_max),
+            hq,
+            hkv,
+            d,
+            dtype,
+            "cuda",
+            seed=batch,
+        )
         n = vb.q.shape[0]
         plan = make_plan(vb.qo_indptr, n, hkv, hq // hkv, d, max_prefix_len=args.prefix_max)
         tri = cuda_time_ms(lambda: tree_attention_triton(*vb.args(), plan=plan), iters=args.iters)
@@ -179,8 +215,9 @@ def bench_attention(args: argparse.Namespace) -> None:
         if flashinfer_path.AVAILABLE:
             wrapper = flashinfer_path.make_wrapper("cuda")
             flashinfer_path.plan_flashinfer(wrapper, vb.q, vb.k_cache, *vb.args()[3:])
-            fi = cuda_time_ms(lambda: flashinfer_path.run_flashinfer(wrapper, vb.q, vb.k_cache, vb.v_cache),
-                              iters=args.iters)
+            fi = cuda_time_ms(
+                lambda: flashinfer_path.run_flashinfer(wrapper, vb.q, vb.k_cache, vb.v_cache), iters=args.iters
+            )
             ratios.append(f"{fi / tri:.2f}")
         else:
             ratios.append("n/a")
@@ -213,8 +250,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
-        print("sglang_echo.kernels.bench: CUDA is not available on this machine; the benchmark only "
-              "measures GPU kernels, so nothing was run (no figures are estimated).")
+        print(
+            "sglang_echo.kernels.bench: CUDA is not available on this machine; the benchmark only "
+            "measures GPU kernels, so nothing was run (no figures are estimated)."
+        )
         return 0
     bench_attention(args)
     return 0

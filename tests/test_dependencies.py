@@ -25,8 +25,10 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # sglang 0.5.23's pins (its METADATA) and the bare-GPU image's versions (device KINDS.md).
-HOSTS = {"sglang 0.5.23": {"torch": "2.14.1", "transformers": "5.19.0"},
-         "bare-GPU image": {"torch": "2.11.0", "transformers": "5.17.0"}}
+HOSTS = {
+    "sglang 0.5.23": {"torch": "2.14.1", "transformers": "5.19.0"},
+    "bare-GPU image": {"torch": "2.11.0", "transformers": "5.17.0"},
+}
 # Imported, deliberately not declared: sglang's own GPU dependency, looked up with find_spec first.
 UNDECLARED = {"flashinfer": "kernels/tree_attention/flashinfer_path.py imports it only where find_spec finds it"}
 FAKE_TORCH = "2.98.0"  # a "newer torch" in the local wheel set: never chosen over the installed one
@@ -111,7 +113,7 @@ def _project_copy(dest: Path, dependencies: list[str]) -> Path:
     tool = PYPROJECT["tool"]["setuptools"]
     for package in tool["packages"]:
         top = max((p for p in tool["package-dir"] if package == p or package.startswith(p + ".")), key=len)
-        folder = dest / tool["package-dir"][top] / Path(*package[len(top):].split(".")[1:])
+        folder = dest / tool["package-dir"][top] / Path(*package[len(top) :].split(".")[1:])
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "__init__.py").touch()
     return dest
@@ -119,8 +121,22 @@ def _project_copy(dest: Path, dependencies: list[str]) -> Path:
 
 def _resolve(project: Path, wheels: Path, report: Path) -> list[tuple[str, str]]:
     """(name, version) of everything pip would install for ``project`` into this venv."""
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--disable-pip-version-check",
-           "--no-index", "--find-links", str(wheels), "--no-build-isolation", "--report", str(report), str(project)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-index",
+        "--find-links",
+        str(wheels),
+        "--no-build-isolation",
+        "--report",
+        str(report),
+        str(project),
+    ]
     # This machine's pip configuration (constraints, find-links, indexes) stays out of it.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)

@@ -9,8 +9,11 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"sglang_echo": ROOT / "sglang_echo", "sglang_echo.kernels": ROOT / "kernels",
-           "sglang_echo.calibration": ROOT / "calibration"}
+FOLDERS = {
+    "sglang_echo": ROOT / "sglang_echo",
+    "sglang_echo.kernels": ROOT / "kernels",
+    "sglang_echo.calibration": ROOT / "calibration",
+}
 
 
 def layer_table() -> list[list[str]]:
@@ -47,8 +50,11 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, in
         if isinstance(node, ast.Import):
             found = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]).strip(".") \
-                if node.level else node.module or ""
+            base = (
+                ".".join(package[: len(package) - node.level + 1] + [node.module or ""]).strip(".")
+                if node.level
+                else node.module or ""
+            )
             found = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         else:
             continue
@@ -57,8 +63,10 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, in
 
 
 def layer_of(module: str, layers: list[list[str]]) -> int | None:
-    best = max(((len(p), i) for i, ps in enumerate(layers) for p in ps if module == p or module.startswith(p + ".")),
-               default=None)
+    best = max(
+        ((len(p), i) for i, ps in enumerate(layers) for p in ps if module == p or module.startswith(p + ".")),
+        default=None,
+    )
     return None if best is None else best[1]
 
 
@@ -77,8 +85,12 @@ def test_the_table_names_every_module_and_the_layers_hold():
 
 def test_the_package_root_imports_nothing():
     tree = ast.parse((ROOT / "sglang_echo/__init__.py").read_text())
-    assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-                and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")]
+    assert not [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
+    ]
 
 
 def test_no_import_time_cycles():
@@ -94,7 +106,7 @@ def test_no_import_time_cycles():
         state[node] = "open"
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                cycles.append(trail[trail.index(nxt):] + [nxt])
+                cycles.append(trail[trail.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, trail + [nxt])
         state[node] = "done"

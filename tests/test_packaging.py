@@ -22,6 +22,7 @@ def test_every_package_folder_is_listed():
 
 def test_kernels_is_never_a_top_level_package():
     # sglang depends on an unrelated PyPI package called `kernels`.
-    assert not (ROOT / "kernels" / "__init__.py").exists() or "kernels" not in tomllib.loads(
-        (ROOT / "pyproject.toml").read_text()
-    )["tool"]["setuptools"]["packages"]
+    assert (
+        not (ROOT / "kernels" / "__init__.py").exists()
+        or "kernels" not in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )

@@ -31,8 +31,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 from torch import Tensor
+from triton.language.extra import libdevice
 
 from ...core.tree import DETERMINISTIC, Candidates, NodePool
 from .tiles import block
@@ -42,8 +42,22 @@ _DETERMINISTIC = tl.constexpr(DETERMINISTIC)
 
 
 @triton.jit
-def _candidates(rows, cols, B, C, cand_logprob, cand_parent, cand_valid, stride_c, frontier, stride_f, F,
-                pool_score, stride_p, active):
+def _candidates(
+    rows,
+    cols,
+    B,
+    C,
+    cand_logprob,
+    cand_parent,
+    cand_valid,
+    stride_c,
+    frontier,
+    stride_f,
+    F,
+    pool_score,
+    stride_p,
+    active,
+):
     """Path scores (Eq. 5) and validity of the candidates ``[rows, cols]`` as the pool stores
     them, plus the decision mask (valid and the request active); recomputable for any rows."""
     inb = (rows[:, None] < B) & (cols[None, :] < C)
@@ -82,7 +96,8 @@ def _gate(score, decide, tau, GATED: tl.constexpr, W_DEF: tl.constexpr, LIBDEVIC
 def _ahead(rows, priority, rows_j, priority_j, want_j, B):
     """What the rows ``rows_j`` ahead of each row want: Alg. 1's "most confident first" order."""
     first = (priority_j[None, :] > priority[:, None]) | (
-        (priority_j[None, :] == priority[:, None]) & (rows_j[None, :] < rows[:, None]))
+        (priority_j[None, :] == priority[:, None]) & (rows_j[None, :] < rows[:, None])
+    )
     return tl.sum(tl.where(first & (rows_j[None, :] < B), want_j[None, :], 0), 1)
 
 
@@ -94,16 +109,54 @@ def _column(rank, cols, k, C):
 
 @triton.jit
 def _elastic_depth_kernel(
-    cand_tokens, cand_logprob, cand_parent, cand_valid, cand_drafter, cand_proposal, stride_c,
-    frontier, stride_f, F,
-    pool_tokens, pool_parent, pool_depth, pool_logprob, pool_score, pool_drafter, pool_proposal,
-    pool_valid, pool_keep, stride_p,
-    active, budget, trunc_slots, trunc_conf, truncated, stride_t, gate_evaluated, gate_passed,
-    out_frontier, out_source, out_tokens, out_score, out_active, out_budget,
-    B, C, start, depth, tau,
-    GATED: tl.constexpr, HAS_DRAFTER: tl.constexpr, HAS_PROPOSAL: tl.constexpr,
-    W_DEF: tl.constexpr, W_MAX: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
-    CHUNK_B: tl.constexpr, LIBDEVICE: tl.constexpr,
+    cand_tokens,
+    cand_logprob,
+    cand_parent,
+    cand_valid,
+    cand_drafter,
+    cand_proposal,
+    stride_c,
+    frontier,
+    stride_f,
+    F,
+    pool_tokens,
+    pool_parent,
+    pool_depth,
+    pool_logprob,
+    pool_score,
+    pool_drafter,
+    pool_proposal,
+    pool_valid,
+    pool_keep,
+    stride_p,
+    active,
+    budget,
+    trunc_slots,
+    trunc_conf,
+    truncated,
+    stride_t,
+    gate_evaluated,
+    gate_passed,
+    out_frontier,
+    out_source,
+    out_tokens,
+    out_score,
+    out_active,
+    out_budget,
+    B,
+    C,
+    start,
+    depth,
+    tau,
+    GATED: tl.constexpr,
+    HAS_DRAFTER: tl.constexpr,
+    HAS_PROPOSAL: tl.constexpr,
+    W_DEF: tl.constexpr,
+    W_MAX: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHUNK_B: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
 ):
     rows = tl.arange(0, BLOCK_B)
     cols = tl.arange(0, BLOCK_C)
@@ -184,8 +237,9 @@ def _widen(rows, trunc_slots, trunc_conf, truncated, stride_t, B, W_MAX: tl.cons
     """Priority 2's wants and priorities (Alg. 1 lines 16-20) for ``rows``."""
     ks = tl.arange(0, BLOCK_W)
     row_ok = rows < B
-    slots = tl.load(trunc_slots + rows[:, None] * stride_t + ks[None, :], mask=row_ok[:, None] & (ks[None, :] < W_MAX),
-                    other=-1)
+    slots = tl.load(
+        trunc_slots + rows[:, None] * stride_t + ks[None, :], mask=row_ok[:, None] & (ks[None, :] < W_MAX), other=-1
+    )
     is_truncated = tl.load(truncated + rows, mask=row_ok, other=0) != 0
     avail = tl.sum((slots >= 0).to(tl.int64), 1)
     want = tl.where(is_truncated, tl.minimum(avail, W_MAX), 0)
@@ -194,10 +248,22 @@ def _widen(rows, trunc_slots, trunc_conf, truncated, stride_t, B, W_MAX: tl.cons
 
 
 @triton.jit
-def _elastic_select_kernel(trunc_slots, trunc_conf, truncated, stride_t, budget, pool_keep, stride_p,
-                           out_budget, out_widened, B,
-                           W_MAX: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_B: tl.constexpr,
-                           CHUNK_B: tl.constexpr):
+def _elastic_select_kernel(
+    trunc_slots,
+    trunc_conf,
+    truncated,
+    stride_t,
+    budget,
+    pool_keep,
+    stride_p,
+    out_budget,
+    out_widened,
+    B,
+    W_MAX: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    CHUNK_B: tl.constexpr,
+):
     rows = tl.arange(0, BLOCK_B)
     row_ok = rows < B
     slots, want, priority = _widen(rows, trunc_slots, trunc_conf, truncated, stride_t, B, W_MAX, BLOCK_W)
@@ -215,9 +281,22 @@ def _elastic_select_kernel(trunc_slots, trunc_conf, truncated, stride_t, budget,
     tl.store(pool_keep + rows[:, None] * stride_p + tl.maximum(slots, 0), hit, mask=hit)
 
 
-def elastic_depth(pool: NodePool, cands: Candidates, frontier: Tensor, active: Tensor, budget: Tensor,
-                  trunc: dict, gate_evaluated: Tensor, gate_passed: Tensor, *, depth: int, tau: float,
-                  gated: bool, w_def: int, w_max: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def elastic_depth(
+    pool: NodePool,
+    cands: Candidates,
+    frontier: Tensor,
+    active: Tensor,
+    budget: Tensor,
+    trunc: dict,
+    gate_evaluated: Tensor,
+    gate_passed: Tensor,
+    *,
+    depth: int,
+    tau: float,
+    gated: bool,
+    w_def: int,
+    w_max: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """One ECHO depth: append ``cands`` to ``pool`` (preallocated) and decide which enter the trees.
 
     Updates the pool, the truncation record ``trunc`` (``trunc_slots``, ``trunc_conf``,
@@ -242,18 +321,59 @@ def elastic_depth(pool: NodePool, cands: Candidates, frontier: Tensor, active: T
     proposal = tokens if cands.proposal is None else cands.proposal.contiguous()
     frontier = frontier.contiguous()
     ts = trunc["trunc_slots"]
-    p = [pool.tokens, pool.parent, pool.depth, pool.logprob, pool.score, pool.drafter, pool.proposal,
-         pool.valid, pool.keep]
+    p = [
+        pool.tokens,
+        pool.parent,
+        pool.depth,
+        pool.logprob,
+        pool.score,
+        pool.drafter,
+        pool.proposal,
+        pool.valid,
+        pool.keep,
+    ]
     _elastic_depth_kernel[(1,)](
-        tokens, logprob, parent, valid, drafter, proposal, C,
-        frontier, frontier.stride(0), frontier.shape[1],
-        *p, pool.tokens.stride(0),
-        active, budget, ts, trunc["trunc_conf"], trunc["truncated"], ts.stride(0), gate_evaluated, gate_passed,
-        out_frontier, out_source, out_tokens, out_score, out_active, out_budget,
-        B, C, start, depth, float(tau),
-        GATED=gated, HAS_DRAFTER=cands.drafter is not None, HAS_PROPOSAL=cands.proposal is not None,
-        W_DEF=w_def, W_MAX=w_max, BLOCK_B=block(B), BLOCK_C=block(C),
-        CHUNK_B=min(CHUNK, block(B)), LIBDEVICE=dev.type == "cuda", num_warps=_warps(B),
+        tokens,
+        logprob,
+        parent,
+        valid,
+        drafter,
+        proposal,
+        C,
+        frontier,
+        frontier.stride(0),
+        frontier.shape[1],
+        *p,
+        pool.tokens.stride(0),
+        active,
+        budget,
+        ts,
+        trunc["trunc_conf"],
+        trunc["truncated"],
+        ts.stride(0),
+        gate_evaluated,
+        gate_passed,
+        out_frontier,
+        out_source,
+        out_tokens,
+        out_score,
+        out_active,
+        out_budget,
+        B,
+        C,
+        start,
+        depth,
+        float(tau),
+        GATED=gated,
+        HAS_DRAFTER=cands.drafter is not None,
+        HAS_PROPOSAL=cands.proposal is not None,
+        W_DEF=w_def,
+        W_MAX=w_max,
+        BLOCK_B=block(B),
+        BLOCK_C=block(C),
+        CHUNK_B=min(CHUNK, block(B)),
+        LIBDEVICE=dev.type == "cuda",
+        num_warps=_warps(B),
     )
     return out_frontier, out_source, out_tokens, out_score, out_active, out_budget
 
@@ -265,10 +385,23 @@ def elastic_select(pool: NodePool, budget: Tensor, trunc: dict, w_max: int) -> t
     B = ts.shape[0]
     out_budget = torch.empty((), dtype=torch.int64, device=ts.device)
     widened = torch.empty(B, dtype=torch.int64, device=ts.device)
-    _elastic_select_kernel[(1,)](ts, trunc["trunc_conf"], trunc["truncated"], ts.stride(0), budget,
-                                 pool.keep, pool.keep.stride(0), out_budget, widened, B,
-                                 W_MAX=w_max, BLOCK_W=block(w_max), BLOCK_B=block(B), CHUNK_B=min(CHUNK, block(B)),
-                                 num_warps=_warps(B))
+    _elastic_select_kernel[(1,)](
+        ts,
+        trunc["trunc_conf"],
+        trunc["truncated"],
+        ts.stride(0),
+        budget,
+        pool.keep,
+        pool.keep.stride(0),
+        out_budget,
+        widened,
+        B,
+        W_MAX=w_max,
+        BLOCK_W=block(w_max),
+        BLOCK_B=block(B),
+        CHUNK_B=min(CHUNK, block(B)),
+        num_warps=_warps(B),
+    )
     return out_budget, widened
 
 

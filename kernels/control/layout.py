@@ -38,9 +38,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ...core.dense import DenseVerifyTensors
 from ...core.pack import PaddedTrees
 from ...core.tree import NodePool
-from ...core.dense import DenseVerifyTensors
 from .tiles import block
 
 _NONE = tl.constexpr(1 << 30)  # "no slot" while taking minima
@@ -56,9 +56,25 @@ def _columns(ptr, base, W, other, BLOCK_W: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=_LOOSE)
-def _pad_pool_kernel(pool_tokens, pool_parent, pool_depth, pool_valid, pool_keep, stride_p, P, prefix_lens,
-                     out_tokens, out_parents, out_depth, out_positions, out_mask, out_valid, W,
-                     BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr):
+def _pad_pool_kernel(
+    pool_tokens,
+    pool_parent,
+    pool_depth,
+    pool_valid,
+    pool_keep,
+    stride_p,
+    P,
+    prefix_lens,
+    out_tokens,
+    out_parents,
+    out_depth,
+    out_positions,
+    out_mask,
+    out_valid,
+    W,
+    BLOCK_P: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
     b = tl.program_id(0)
     row = b * stride_p
     # Part 1, [W, P]: the pool row read as a whole tile; tree slot w takes the w-th kept pool slot.
@@ -105,16 +121,30 @@ def _pad_pool_kernel(pool_tokens, pool_parent, pool_depth, pool_valid, pool_keep
 
 
 @triton.jit(do_not_specialize=["W"])
-def _dense_kernel(tokens, parents, positions, tree_mask, valid, seq_lens,
-                  out_tokens, out_positions, out_mask, out_next_token, out_next_sibling, out_retrieve, out_sizes, W,
-                  BLOCK_W: tl.constexpr):
+def _dense_kernel(
+    tokens,
+    parents,
+    positions,
+    tree_mask,
+    valid,
+    seq_lens,
+    out_tokens,
+    out_positions,
+    out_mask,
+    out_next_token,
+    out_next_sibling,
+    out_retrieve,
+    out_sizes,
+    W,
+    BLOCK_W: tl.constexpr,
+):
     b = tl.program_id(0)
     ws = tl.arange(0, BLOCK_W)
     rows = ws[:, None]
     cols = tl.arange(0, BLOCK_W)[None, :]
     eye = rows == cols
     # Column k of every row: slot k's validity and parent; a row's own values are the diagonal.
-    valid_k = (_columns(valid, b * W, W, 0, BLOCK_W) != 0)
+    valid_k = _columns(valid, b * W, W, 0, BLOCK_W) != 0
     parent_k = _columns(parents, b * W, W, -1, BLOCK_W)
     is_valid = tl.sum(tl.where(eye & valid_k, 1, 0), 1) > 0
     parent_j = tl.sum(tl.where(eye, parent_k, 0), 1)
@@ -145,24 +175,46 @@ def pad_pool(pool: NodePool, prefix_lens: Tensor, width: int, out: Optional[Padd
     """:func:`sglang_echo.core.pack.pad_pool` as one program per request. ``out``: buffers to
     write into (contiguous, the shapes and dtypes this returns); every cell is written."""
     B, P, W, dev = pool.batch_size, pool.size, width, pool.tokens.device
-    if any(getattr(pool, f).stride(1) != 1 or getattr(pool, f).stride(0) != pool.tokens.stride(0)
-           for f in ("parent", "depth", "valid", "keep")):
+    if any(
+        getattr(pool, f).stride(1) != 1 or getattr(pool, f).stride(0) != pool.tokens.stride(0)
+        for f in ("parent", "depth", "valid", "keep")
+    ):
         raise ValueError("pad_pool: the pool's fields must share one row-major layout")
     if out is None:
-        out = PaddedTrees(tokens=torch.empty(B, W, dtype=torch.int64, device=dev),
-                          parents=torch.empty(B, W, dtype=torch.int64, device=dev),
-                          depth=torch.empty(B, W, dtype=torch.int64, device=dev),
-                          positions=torch.empty(B, W, dtype=torch.int64, device=dev),
-                          mask=torch.empty(B, W, W, dtype=torch.bool, device=dev),
-                          valid=torch.empty(B, W, dtype=torch.bool, device=dev))
-    _pad_pool_kernel[(B,)](pool.tokens, pool.parent, pool.depth, pool.valid, pool.keep, pool.tokens.stride(0), P,
-                           prefix_lens.long().contiguous(), out.tokens, out.parents, out.depth, out.positions,
-                           out.mask, out.valid, W, BLOCK_P=block(P), BLOCK_W=block(W), num_warps=_warps(W))
+        out = PaddedTrees(
+            tokens=torch.empty(B, W, dtype=torch.int64, device=dev),
+            parents=torch.empty(B, W, dtype=torch.int64, device=dev),
+            depth=torch.empty(B, W, dtype=torch.int64, device=dev),
+            positions=torch.empty(B, W, dtype=torch.int64, device=dev),
+            mask=torch.empty(B, W, W, dtype=torch.bool, device=dev),
+            valid=torch.empty(B, W, dtype=torch.bool, device=dev),
+        )
+    _pad_pool_kernel[(B,)](
+        pool.tokens,
+        pool.parent,
+        pool.depth,
+        pool.valid,
+        pool.keep,
+        pool.tokens.stride(0),
+        P,
+        prefix_lens.long().contiguous(),
+        out.tokens,
+        out.parents,
+        out.depth,
+        out.positions,
+        out.mask,
+        out.valid,
+        W,
+        BLOCK_P=block(P),
+        BLOCK_W=block(W),
+        num_warps=_warps(W),
+    )
     return out
 
 
-def dense_from_padded(padded: PaddedTrees, seq_lens: Tensor,
-                      out: Optional[DenseVerifyTensors] = None) -> DenseVerifyTensors:
+def dense_from_padded(
+    padded: PaddedTrees, seq_lens: Tensor, out: Optional[DenseVerifyTensors] = None
+) -> DenseVerifyTensors:
     """:func:`sglang_echo.core.dense.dense_from_padded` (QLEN_ONLY mask) as one program
     per request. ``out``: buffers to write into (as :func:`pad_pool`'s); ``out.valid`` is
     ``padded.valid`` either way."""
@@ -171,17 +223,38 @@ def dense_from_padded(padded: PaddedTrees, seq_lens: Tensor,
     if out is None:
         flat = lambda dtype: torch.empty(B * W, dtype=dtype, device=dev)  # noqa: E731
         tree_mask = torch.empty(B, W, W, dtype=torch.bool, device=dev)
-        out = DenseVerifyTensors(draft_token=flat(torch.int64), positions=flat(torch.int64),
-                                 custom_mask=tree_mask.view(-1), retrieve_index=flat(torch.int64).view(B, W),
-                                 retrieve_next_token=flat(torch.int64).view(B, W),
-                                 retrieve_next_sibling=flat(torch.int64).view(B, W), tree_mask=tree_mask,
-                                 valid=padded.valid, sizes=torch.empty(B, dtype=torch.int32, device=dev))
-    tokens, parents, positions, mask, valid = (t.contiguous() for t in (
-        padded.tokens, padded.parents, padded.positions, padded.mask, padded.valid))
-    _dense_kernel[(B,)](tokens, parents, positions, mask, valid, seq_lens.long().contiguous(),
-                        out.draft_token, out.positions, out.tree_mask, out.retrieve_next_token,
-                        out.retrieve_next_sibling, out.retrieve_index, out.sizes, W,
-                        BLOCK_W=block(W), num_warps=_warps(W))
+        out = DenseVerifyTensors(
+            draft_token=flat(torch.int64),
+            positions=flat(torch.int64),
+            custom_mask=tree_mask.view(-1),
+            retrieve_index=flat(torch.int64).view(B, W),
+            retrieve_next_token=flat(torch.int64).view(B, W),
+            retrieve_next_sibling=flat(torch.int64).view(B, W),
+            tree_mask=tree_mask,
+            valid=padded.valid,
+            sizes=torch.empty(B, dtype=torch.int32, device=dev),
+        )
+    tokens, parents, positions, mask, valid = (
+        t.contiguous() for t in (padded.tokens, padded.parents, padded.positions, padded.mask, padded.valid)
+    )
+    _dense_kernel[(B,)](
+        tokens,
+        parents,
+        positions,
+        mask,
+        valid,
+        seq_lens.long().contiguous(),
+        out.draft_token,
+        out.positions,
+        out.tree_mask,
+        out.retrieve_next_token,
+        out.retrieve_next_sibling,
+        out.retrieve_index,
+        out.sizes,
+        W,
+        BLOCK_W=block(W),
+        num_warps=_warps(W),
+    )
     out.valid = padded.valid
     return out
 

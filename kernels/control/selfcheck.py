@@ -36,8 +36,9 @@ class _Coarse(SyntheticDrafter):
         return replace(cands, logprob=(cands.logprob * 2).round() / 2)
 
 
-def first_difference(policy: str, config: PolicyConfig, device: str | torch.device,
-                     batches: tuple[int, ...] = BATCHES) -> Optional[str]:
+def first_difference(
+    policy: str, config: PolicyConfig, device: str | torch.device, batches: tuple[int, ...] = BATCHES
+) -> Optional[str]:
     """None when the kernels reproduce the eager steps bit for bit, else what differed first."""
     width = max_tree_size(policy, config)
     for batch in batches:
@@ -49,7 +50,7 @@ def first_difference(policy: str, config: PolicyConfig, device: str | torch.devi
         for kernel in ("torch", "triton"):
             pol = make_policy(policy, replace(config, control_kernel=kernel), fused=TRITON)
             built[kernel] = build_trees(pol, _Coarse(world), roots, k_max)
-        (t0, s0), (t1, s1) = built["torch"], built["triton"]
+        (t0, s0), (t1, _) = built["torch"], built["triton"]
         for f in fields(DraftTrees):
             a, b = getattr(t0, f.name), getattr(t1, f.name)
             if not ((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))):

@@ -29,8 +29,9 @@ def _flashinfer() -> Any:
     return flashinfer
 
 
-def flashinfer_layout(qo_indptr: Tensor, kv_indptr: Tensor, kv_indices: Tensor, tree_slots: Tensor,
-                      packed_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def flashinfer_layout(
+    qo_indptr: Tensor, kv_indptr: Tensor, kv_indices: Tensor, tree_slots: Tensor, packed_mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     """(paged_kv_indptr, paged_kv_indices, flat bool custom mask) for page size 1.
 
     Vectorised; reads two host sizes (total keys and total mask cells), which plan() needs anyway.
@@ -46,8 +47,9 @@ def flashinfer_layout(qo_indptr: Tensor, kv_indptr: Tensor, kv_indices: Tensor, 
     is_prefix = col < kv_lens[req]
     prefix_src = (kv_indptr.to(torch.int64)[req] + col).clamp(max=max(kv_indices.numel() - 1, 0))
     tree_src = (qo_indptr.to(torch.int64)[req] + col - kv_lens[req]).clamp(0, max(n - 1, 0))
-    indices = torch.where(is_prefix, kv_indices[prefix_src].long() if kv_indices.numel() else 0,
-                          tree_slots[tree_src].long()).to(torch.int32)
+    indices = torch.where(
+        is_prefix, kv_indices[prefix_src].long() if kv_indices.numel() else 0, tree_slots[tree_src].long()
+    ).to(torch.int32)
 
     # Mask rows: token t of request r has lens[r] columns: P_r ones then its tree bits.
     tok_req, _ = ragged_rows(qo_indptr, n)
@@ -64,16 +66,33 @@ def flashinfer_layout(qo_indptr: Tensor, kv_indptr: Tensor, kv_indices: Tensor, 
     return paged_indptr, indices, mask
 
 
-def plan_flashinfer(wrapper: Any, q: Tensor, k_cache: Tensor, qo_indptr: Tensor, kv_indptr: Tensor,
-                    kv_indices: Tensor, tree_slots: Tensor, packed_mask: Tensor, sm_scale: float) -> None:
+def plan_flashinfer(
+    wrapper: Any,
+    q: Tensor,
+    k_cache: Tensor,
+    qo_indptr: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    tree_slots: Tensor,
+    packed_mask: Tensor,
+    sm_scale: float,
+) -> None:
     """Plan ``wrapper`` (a ``BatchPrefillWithPagedKVCacheWrapper``) for one verify step."""
     paged_indptr, indices, mask = flashinfer_layout(qo_indptr, kv_indptr, kv_indices, tree_slots, packed_mask)
     b = qo_indptr.numel() - 1
     wrapper.plan(
-        qo_indptr=qo_indptr.to(torch.int32), paged_kv_indptr=paged_indptr, paged_kv_indices=indices,
+        qo_indptr=qo_indptr.to(torch.int32),
+        paged_kv_indptr=paged_indptr,
+        paged_kv_indices=indices,
         paged_kv_last_page_len=torch.ones(b, dtype=torch.int32, device=q.device),
-        num_qo_heads=q.shape[1], num_kv_heads=k_cache.shape[1], head_dim_qk=q.shape[2], page_size=1,
-        custom_mask=mask, sm_scale=sm_scale, q_data_type=q.dtype, kv_data_type=k_cache.dtype,
+        num_qo_heads=q.shape[1],
+        num_kv_heads=k_cache.shape[1],
+        head_dim_qk=q.shape[2],
+        page_size=1,
+        custom_mask=mask,
+        sm_scale=sm_scale,
+        q_data_type=q.dtype,
+        kv_data_type=k_cache.dtype,
     )
 
 
@@ -88,9 +107,19 @@ def run_flashinfer(wrapper: Any, q: Tensor, k_cache: Tensor, v_cache: Tensor) ->
     return wrapper.run(q, (k_cache.unsqueeze(1), v_cache.unsqueeze(1)))
 
 
-def tree_attention_flashinfer(q: Tensor, k_cache: Tensor, v_cache: Tensor, qo_indptr: Tensor,
-                              kv_indptr: Tensor, kv_indices: Tensor, tree_slots: Tensor,
-                              packed_mask: Tensor, sm_scale: float, *, wrapper: Optional[Any] = None) -> Tensor:
+def tree_attention_flashinfer(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    qo_indptr: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    tree_slots: Tensor,
+    packed_mask: Tensor,
+    sm_scale: float,
+    *,
+    wrapper: Optional[Any] = None,
+) -> Tensor:
     """One-shot plan + run with the reference's signature (tests and benchmarks)."""
     wrapper = wrapper if wrapper is not None else make_wrapper(q.device)
     plan_flashinfer(wrapper, q, k_cache, qo_indptr, kv_indptr, kv_indices, tree_slots, packed_mask, sm_scale)

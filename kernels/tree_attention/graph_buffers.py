@@ -38,8 +38,25 @@ from torch import Tensor
 from .metadata import TreeAttentionPlan, block_capacity, build_block_table
 from .ragged_tier import RaggedTreeMetadata, tier_metadata
 
-DEFAULT_TOKEN_BUCKETS: tuple[int, ...] = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
-                                          1536, 2048, 3072, 4096)
+DEFAULT_TOKEN_BUCKETS: tuple[int, ...] = (
+    16,
+    24,
+    32,
+    48,
+    64,
+    96,
+    128,
+    192,
+    256,
+    384,
+    512,
+    768,
+    1024,
+    1536,
+    2048,
+    3072,
+    4096,
+)
 
 
 def padding_cost(buckets: Sequence[int], lo: int = 17) -> tuple[float, float]:
@@ -78,10 +95,21 @@ class TreeVerifyGraphBuffers:
     bucket to its split factor (fixed per graph); default 1 (no split).
     """
 
-    def __init__(self, *, max_batch: int, max_width: int, kv_capacity: int, num_heads: int, head_dim: int,
-                 device: torch.device | str, buckets: Sequence[int] = DEFAULT_TOKEN_BUCKETS,
-                 block_m: int = 16, pad_chunk: int = 32, pad_slot: int = 0,
-                 num_splits: Optional[dict[int, int]] = None):
+    def __init__(
+        self,
+        *,
+        max_batch: int,
+        max_width: int,
+        kv_capacity: int,
+        num_heads: int,
+        head_dim: int,
+        device: torch.device | str,
+        buckets: Sequence[int] = DEFAULT_TOKEN_BUCKETS,
+        block_m: int = 16,
+        pad_chunk: int = 32,
+        pad_slot: int = 0,
+        num_splits: Optional[dict[int, int]] = None,
+    ):
         self.buckets = tuple(sorted(buckets))
         self.max_batch, self.max_width, self.kv_capacity = max_batch, max_width, kv_capacity
         self.block_m, self.pad_chunk, self.pad_slot = block_m, pad_chunk, pad_slot
@@ -103,8 +131,10 @@ class TreeVerifyGraphBuffers:
         max_splits = max(self.num_splits.values())
         self.workspace = None
         if max_splits > 1:
-            self.workspace = (torch.empty(max_splits, top, num_heads, head_dim, dtype=torch.float32, device=dev),
-                              torch.empty(max_splits, top, num_heads, dtype=torch.float32, device=dev))
+            self.workspace = (
+                torch.empty(max_splits, top, num_heads, head_dim, dtype=torch.float32, device=dev),
+                torch.empty(max_splits, top, num_heads, dtype=torch.float32, device=dev),
+            )
 
     # ---- buckets ----------------------------------------------------------------------------
     def bucket_for(self, num_tokens: int) -> int:
@@ -130,16 +160,27 @@ class TreeVerifyGraphBuffers:
         if splits > 1 and self.workspace is not None:
             ws = (self.workspace[0][:splits, :bucket], self.workspace[1][:splits, :bucket])
         return BucketView(
-            bucket=bucket, qo_indptr=self.qo_indptr[: r + 1], kv_indptr=self.kv_indptr[: r + 1],
-            kv_indices=self.kv_indices, tree_slots=self.tree_slots[:bucket],
-            packed_mask=self.packed_mask[:bucket], positions=self.positions[:bucket],
+            bucket=bucket,
+            qo_indptr=self.qo_indptr[: r + 1],
+            kv_indptr=self.kv_indptr[: r + 1],
+            kv_indices=self.kv_indices,
+            tree_slots=self.tree_slots[:bucket],
+            packed_mask=self.packed_mask[:bucket],
+            positions=self.positions[:bucket],
             plan=TreeAttentionPlan(self.block_req[:cap], self.block_start[:cap], self.block_m, splits),
             workspace=ws,
         )
 
     # ---- per step -----------------------------------------------------------------------------
-    def load(self, qo_indptr: Tensor, kv_indptr: Tensor, kv_indices: Tensor, tree_slots: Tensor,
-             packed_mask: Tensor, positions: Tensor) -> BucketView:
+    def load(
+        self,
+        qo_indptr: Tensor,
+        kv_indptr: Tensor,
+        kv_indices: Tensor,
+        tree_slots: Tensor,
+        packed_mask: Tensor,
+        positions: Tensor,
+    ) -> BucketView:
         """Copy one step's metadata into the buffers, pad it to its bucket, return the view.
 
         Host values used: ``B = qo_indptr.numel() - 1``, ``N = tree_slots.numel()``,
@@ -161,9 +202,9 @@ class TreeVerifyGraphBuffers:
         # Requests: real ones, then padding requests of <= pad_chunk tokens, then empty ones.
         v.qo_indptr[: b + 1].copy_(qo_indptr)
         pad_req = torch.arange(1, r - b + 1, device=dev, dtype=torch.int64)
-        v.qo_indptr[b + 1:].copy_((n + pad_req * self.pad_chunk).clamp(max=bucket))
+        v.qo_indptr[b + 1 :].copy_((n + pad_req * self.pad_chunk).clamp(max=bucket))
         v.kv_indptr[: b + 1].copy_(kv_indptr)
-        v.kv_indptr[b + 1:].copy_(kv_indptr[b:].expand(r - b))  # no prefix for padding
+        v.kv_indptr[b + 1 :].copy_(kv_indptr[b:].expand(r - b))  # no prefix for padding
         v.kv_indices[: kv_indices.numel()].copy_(kv_indices)
 
         v.tree_slots[:n].copy_(tree_slots)
@@ -177,8 +218,9 @@ class TreeVerifyGraphBuffers:
         build_block_table(v.qo_indptr, bucket, self.block_m, out=(v.plan.block_req, v.plan.block_start))
         return v
 
-    def load_tier(self, tier: int, slots: int, lens: Tensor, width: int, tree_rows: Optional[Tensor],
-                  kv_indices: Tensor) -> RaggedTreeMetadata:
+    def load_tier(
+        self, tier: int, slots: int, lens: Tensor, width: int, tree_rows: Optional[Tensor], kv_indices: Tensor
+    ) -> RaggedTreeMetadata:
         """One compact forward's metadata in the static views of ``(tier, slots)`` (see
         :func:`.ragged_tier.tier_metadata`); sync-free, so it can run before every replay.
 
@@ -187,6 +229,18 @@ class TreeVerifyGraphBuffers:
         if -(-width // 32) > self.words:
             raise ValueError(f"trees {width} wide exceed the buffers' {self.max_width}")
         v = self.view(tier, slots)
-        return tier_metadata(lens, width, tier, slots, tree_rows, v.kv_indptr, kv_indices, block_m=self.block_m,
-                             pad_chunk=self.pad_chunk, num_splits=v.plan.num_splits, qo_indptr=v.qo_indptr,
-                             packed_mask=v.packed_mask, blocks=(v.plan.block_req, v.plan.block_start))
+        return tier_metadata(
+            lens,
+            width,
+            tier,
+            slots,
+            tree_rows,
+            v.kv_indptr,
+            kv_indices,
+            block_m=self.block_m,
+            pad_chunk=self.pad_chunk,
+            num_splits=v.plan.num_splits,
+            qo_indptr=v.qo_indptr,
+            packed_mask=v.packed_mask,
+            blocks=(v.plan.block_req, v.plan.block_start),
+        )

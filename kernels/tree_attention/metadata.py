@@ -45,8 +45,9 @@ def ragged_rows(indptr: Tensor, total: int) -> tuple[Tensor, Tensor]:
     return row, idx - indptr[:-1].to(torch.int64)[row]
 
 
-def gather_kv_indices(req_to_token: Tensor, req_pool_indices: Tensor, prefix_lens: Tensor,
-                      capacity: int) -> tuple[Tensor, Tensor]:
+def gather_kv_indices(
+    req_to_token: Tensor, req_pool_indices: Tensor, prefix_lens: Tensor, capacity: int
+) -> tuple[Tensor, Tensor]:
     """``(kv_indptr [B+1], kv_indices [capacity])`` from sglang's ``req_to_token`` table.
 
     ``capacity >= sum(prefix_lens)`` is a host bound so no sync is needed; entries past the real
@@ -73,8 +74,7 @@ def unpack_bits(packed_mask: Tensor, width: int) -> Tensor:
     return bits[:, :width]
 
 
-def pack_dense_blocks(tree_mask: Tensor, mask_indptr: Tensor, qo_indptr: Tensor, num_tokens: int,
-                      width: int) -> Tensor:
+def pack_dense_blocks(tree_mask: Tensor, mask_indptr: Tensor, qo_indptr: Tensor, num_tokens: int, width: int) -> Tensor:
     """Bit-pack a per-request dense mask (``[K_i, K_i]`` blocks row-major, offsets ``mask_indptr``).
 
     This is the ``tree_mask`` layout of :class:`sglang_echo.core.pack.PackedBatch` and sglang's
@@ -141,8 +141,9 @@ def block_capacity(num_tokens: int, batch: int, block_m: int) -> int:
     return -(-num_tokens // block_m) + batch
 
 
-def build_block_table(qo_indptr: Tensor, num_tokens: int, block_m: int,
-                      out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+def build_block_table(
+    qo_indptr: Tensor, num_tokens: int, block_m: int, out: tuple[Tensor, Tensor] | None = None
+) -> tuple[Tensor, Tensor]:
     """Map a fixed grid of ``block_capacity`` query blocks onto ragged requests (no sync).
 
     Request ``i`` gets ``ceil(K_i / block_m)`` blocks, so no block straddles two requests and a

@@ -94,11 +94,11 @@ def tier_indptrs(lens: Tensor, slots: int, tier: int, pad_chunk: int, qo_out: Te
     if qo_out.numel() != slots + pads + 1 or kv_out.numel() != slots + pads + 1:
         raise ValueError(f"indptr views of {qo_out.numel()} / {kv_out.numel()} entries, want {slots + pads + 1}")
     qo_out[:1].zero_()
-    qo_out[1: b + 1].copy_(lens.cumsum(0))
-    qo_out[b + 1: slots + 1].copy_(qo_out[b: b + 1].expand(slots - b))
+    qo_out[1 : b + 1].copy_(lens.cumsum(0))
+    qo_out[b + 1 : slots + 1].copy_(qo_out[b : b + 1].expand(slots - b))
     steps = torch.arange(1, pads + 1, device=qo_out.device, dtype=torch.int64) * pad_chunk
-    qo_out[slots + 1:].copy_((qo_out[slots].to(torch.int64) + steps).clamp(max=tier))
-    kv_out[slots + 1:].copy_(kv_out[slots: slots + 1].expand(pads))
+    qo_out[slots + 1 :].copy_((qo_out[slots].to(torch.int64) + steps).clamp(max=tier))
+    kv_out[slots + 1 :].copy_(kv_out[slots : slots + 1].expand(pads))
 
 
 @dataclass
@@ -118,10 +118,22 @@ class RaggedTreeMetadata:
         return self.packed_mask.shape[0]
 
 
-def tier_metadata(lens: Tensor, width: int, tier: int, slots: int, tree_rows: Optional[Tensor],
-                  kv_indptr: Tensor, kv_indices: Tensor, *, block_m: int, pad_chunk: int = DEFAULT_PAD_CHUNK,
-                  num_splits: int = 1, qo_indptr: Optional[Tensor] = None, packed_mask: Optional[Tensor] = None,
-                  blocks: Optional[tuple[Tensor, Tensor]] = None) -> RaggedTreeMetadata:
+def tier_metadata(
+    lens: Tensor,
+    width: int,
+    tier: int,
+    slots: int,
+    tree_rows: Optional[Tensor],
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    *,
+    block_m: int,
+    pad_chunk: int = DEFAULT_PAD_CHUNK,
+    num_splits: int = 1,
+    qo_indptr: Optional[Tensor] = None,
+    packed_mask: Optional[Tensor] = None,
+    blocks: Optional[tuple[Tensor, Tensor]] = None,
+) -> RaggedTreeMetadata:
     """Metadata of a ``tier``-lane compact forward of ``lens`` nodes per request (see the module doc).
 
     ``tree_rows`` are the requests' packed dense tree rows (:func:`packed_tree_rows`; None: no real

@@ -21,9 +21,17 @@ from torch import Tensor
 from .metadata import ragged_rows, unpack_bits
 
 
-def tree_attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, qo_indptr: Tensor,
-                             kv_indptr: Tensor, kv_indices: Tensor, tree_slots: Tensor,
-                             packed_mask: Tensor, sm_scale: float) -> Tensor:
+def tree_attention_reference(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    qo_indptr: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    tree_slots: Tensor,
+    packed_mask: Tensor,
+    sm_scale: float,
+) -> Tensor:
     """Tree-verify attention, see the module docstring. Returns ``[N, Hq, D]``."""
     n, hq, d = q.shape
     hkv = k_cache.shape[1]
@@ -47,7 +55,9 @@ def tree_attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, qo_ind
     tcol = torch.arange(w, device=dev)
     tvalid = tcol[None, :] < qo_lens[:, None]
     tslots = tree_slots[(qo_indptr[:-1].to(torch.int64)[:, None] + tcol).clamp(max=n - 1)]
-    slots = torch.cat([torch.where(pvalid, pslots.to(torch.int64), 0), torch.where(tvalid, tslots.to(torch.int64), 0)], 1)
+    slots = torch.cat(
+        [torch.where(pvalid, pslots.to(torch.int64), 0), torch.where(tvalid, tslots.to(torch.int64), 0)], 1
+    )
     keys = k_cache[slots].float()  # [B, L, Hkv, D]
     vals = v_cache[slots].float()
 

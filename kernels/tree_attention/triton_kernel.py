@@ -50,13 +50,14 @@ def _online_update(s, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _kv_tile(K, V, slot, n_ok, kvh, offs_d, d_ok, stride_kn, stride_kh, stride_vn, stride_vh,
-             DOT_FP32: tl.constexpr):
+def _kv_tile(K, V, slot, n_ok, kvh, offs_d, d_ok, stride_kn, stride_kh, stride_vn, stride_vh, DOT_FP32: tl.constexpr):
     """Gather one tile of keys ``[D, N]`` (transposed for the QK dot) and values ``[N, D]``."""
-    k = tl.load(K + slot[None, :] * stride_kn + kvh * stride_kh + offs_d[:, None],
-                mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-    v = tl.load(V + slot[:, None] * stride_vn + kvh * stride_vh + offs_d[None, :],
-                mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    k = tl.load(
+        K + slot[None, :] * stride_kn + kvh * stride_kh + offs_d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0
+    )
+    v = tl.load(
+        V + slot[:, None] * stride_vn + kvh * stride_vh + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0
+    )
     if DOT_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -65,14 +66,43 @@ def _kv_tile(K, V, slot, n_ok, kvh, offs_d, d_ok, stride_kn, stride_kh, stride_v
 
 @triton.jit
 def _tree_attn_fwd(
-    Q, K, V, O, PartO, PartLse,
-    qo_indptr, kv_indptr, kv_indices, tree_slots, mask, block_req, block_start,
+    Q,
+    K,
+    V,
+    O,
+    PartO,
+    PartLse,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    tree_slots,
+    mask,
+    block_req,
+    block_start,
     scale_log2,
-    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_on, stride_oh,
-    stride_mn, stride_ps, stride_pn, stride_ph, stride_ls, stride_ln,
-    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+    stride_qn,
+    stride_qh,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    stride_on,
+    stride_oh,
+    stride_mn,
+    stride_ps,
+    stride_pn,
+    stride_ph,
+    stride_ls,
+    stride_ln,
+    HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -95,8 +125,11 @@ def _tree_attn_fwd(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
 
-    q = tl.load(Q + tok[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        Q + tok[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     if DOT_FP32:
         q = q.to(tl.float32)
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
@@ -125,8 +158,7 @@ def _tree_attn_fwd(
             offs_n = n0 + tl.arange(0, BLOCK_N)
             n_ok = offs_n < t_hi
             slot = tl.load(tree_slots + q_lo + offs_n, mask=n_ok, other=0).to(tl.int64)
-            k, v = _kv_tile(K, V, slot, n_ok, kvh, offs_d, d_ok, stride_kn, stride_kh, stride_vn, stride_vh,
-                            DOT_FP32)
+            k, v = _kv_tile(K, V, slot, n_ok, kvh, offs_d, d_ok, stride_kn, stride_kh, stride_vn, stride_vh, DOT_FP32)
             s = tl.dot(q, k, out_dtype=tl.float32, input_precision=DOT_PRECISION) * scale_log2
             both = row_ok[:, None] & n_ok[None, :]
             word = tl.load(mask + tok[:, None] * stride_mn + (offs_n // 32)[None, :], mask=both, other=0)
@@ -138,20 +170,37 @@ def _tree_attn_fwd(
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     io_mask = row_ok[:, None] & d_ok[None, :]
     if NUM_SPLITS == 1:
-        tl.store(O + tok[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :],
-                 out.to(O.dtype.element_ty), mask=io_mask)
+        tl.store(
+            O + tok[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :],
+            out.to(O.dtype.element_ty),
+            mask=io_mask,
+        )
     else:
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        tl.store(PartO + split * stride_ps + tok[:, None] * stride_pn + head[:, None] * stride_ph + offs_d[None, :],
-                 out, mask=io_mask)
+        tl.store(
+            PartO + split * stride_ps + tok[:, None] * stride_pn + head[:, None] * stride_ph + offs_d[None, :],
+            out,
+            mask=io_mask,
+        )
         tl.store(PartLse + split * stride_ls + tok * stride_ln + head, lse, mask=row_ok)
 
 
 @triton.jit
 def _combine_kernel(
-    O, PartO, PartLse,
-    stride_on, stride_oh, stride_ps, stride_pn, stride_ph, stride_ls, stride_ln,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    O,
+    PartO,
+    PartLse,
+    stride_on,
+    stride_oh,
+    stride_ps,
+    stride_pn,
+    stride_ph,
+    stride_ls,
+    stride_ln,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
 ):
     """Merge split partials of one (token, head): weights ``2^(lse_s - max lse)``."""
     t = tl.program_id(0).to(tl.int64)
@@ -164,8 +213,11 @@ def _combine_kernel(
     w = tl.exp2(lse - m_use)  # 0 for empty splits
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    part = tl.load(PartO + sp[:, None] * stride_ps + t * stride_pn + h * stride_ph + offs_d[None, :],
-                   mask=s_ok[:, None] & d_ok[None, :] & (w[:, None] > 0), other=0.0)
+    part = tl.load(
+        PartO + sp[:, None] * stride_ps + t * stride_pn + h * stride_ph + offs_d[None, :],
+        mask=s_ok[:, None] & d_ok[None, :] & (w[:, None] > 0),
+        other=0.0,
+    )
     total = tl.sum(w, 0)
     out = tl.sum(part * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(O + t * stride_on + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_ok)
@@ -180,8 +232,9 @@ def default_blocks(group: int, head_dim: int, device: torch.device) -> tuple[int
     return block_m, (block_n if device.type == "cuda" else 16)
 
 
-def choose_num_splits(num_blocks: int, num_kv_heads: int, device: torch.device,
-                      max_prefix_len: Optional[int] = None) -> int:
+def choose_num_splits(
+    num_blocks: int, num_kv_heads: int, device: torch.device, max_prefix_len: Optional[int] = None
+) -> int:
     """Split the prefix only when the (block, head) grid leaves SMs idle.
 
     ``max_prefix_len`` (a host value the caller may know, e.g. the scheduler's max context)
@@ -197,9 +250,16 @@ def choose_num_splits(num_blocks: int, num_kv_heads: int, device: torch.device,
     return splits
 
 
-def make_plan(qo_indptr: Tensor, num_tokens: int, num_kv_heads: int, group: int, head_dim: int,
-              num_splits: Optional[int] = None, block_m: Optional[int] = None,
-              max_prefix_len: Optional[int] = None) -> TreeAttentionPlan:
+def make_plan(
+    qo_indptr: Tensor,
+    num_tokens: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    num_splits: Optional[int] = None,
+    block_m: Optional[int] = None,
+    max_prefix_len: Optional[int] = None,
+) -> TreeAttentionPlan:
     """Plan one step (block table + split factor); reuse it for every layer of the step."""
     bm = block_m or default_blocks(group, head_dim, qo_indptr.device)[0]
     req, start = build_block_table(qo_indptr, num_tokens, bm)
@@ -208,19 +268,34 @@ def make_plan(qo_indptr: Tensor, num_tokens: int, num_kv_heads: int, group: int,
     return TreeAttentionPlan(req, start, bm, num_splits)
 
 
-def workspace_for(num_splits: int, num_tokens: int, num_heads: int, head_dim: int,
-                  device: torch.device) -> tuple[Tensor, Tensor]:
+def workspace_for(
+    num_splits: int, num_tokens: int, num_heads: int, head_dim: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
     """Split partials ``([S, N, Hq, D], [S, N, Hq])`` fp32 (preallocate them for graph capture)."""
-    return (torch.empty(num_splits, num_tokens, num_heads, head_dim, dtype=torch.float32, device=device),
-            torch.empty(num_splits, num_tokens, num_heads, dtype=torch.float32, device=device))
+    return (
+        torch.empty(num_splits, num_tokens, num_heads, head_dim, dtype=torch.float32, device=device),
+        torch.empty(num_splits, num_tokens, num_heads, dtype=torch.float32, device=device),
+    )
 
 
-def tree_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, qo_indptr: Tensor,
-                          kv_indptr: Tensor, kv_indices: Tensor, tree_slots: Tensor,
-                          packed_mask: Tensor, sm_scale: float, *,
-                          num_splits: Optional[int] = None, plan: Optional[TreeAttentionPlan] = None,
-                          out: Optional[Tensor] = None, workspace: Optional[tuple[Tensor, Tensor]] = None,
-                          block_m: Optional[int] = None, block_n: Optional[int] = None) -> Tensor:
+def tree_attention_triton(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    qo_indptr: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    tree_slots: Tensor,
+    packed_mask: Tensor,
+    sm_scale: float,
+    *,
+    num_splits: Optional[int] = None,
+    plan: Optional[TreeAttentionPlan] = None,
+    out: Optional[Tensor] = None,
+    workspace: Optional[tuple[Tensor, Tensor]] = None,
+    block_m: Optional[int] = None,
+    block_n: Optional[int] = None,
+) -> Tensor:
     """Tree-verify attention with the reference's signature (plus tuning / graph arguments).
 
     ``plan`` (from :func:`make_plan`) overrides ``num_splits`` / ``block_m``; ``workspace``
@@ -260,22 +335,61 @@ def tree_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, qo_indptr
     dot_precision = "ieee" if q.dtype == torch.float32 or dot_fp32 else "tf32"
     grid = (plan.capacity, hkv, splits)
     _tree_attn_fwd[grid](
-        q, k_cache, v_cache, out, part_o, part_lse,
-        qo_indptr, kv_indptr, kv_indices, tree_slots, mask, plan.block_req, plan.block_start,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        part_o,
+        part_lse,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        tree_slots,
+        mask,
+        plan.block_req,
+        plan.block_start,
         sm_scale * LOG2E,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        out.stride(0), out.stride(1), mask.stride(0),
-        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
-        HEAD_DIM=d, GROUP=group, GROUP_PAD=group_pad, BLOCK_M=plan.block_m, BLOCK_N=bn, BLOCK_D=block_d,
-        NUM_SPLITS=splits, DOT_PRECISION=dot_precision, DOT_FP32=dot_fp32,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        out.stride(0),
+        out.stride(1),
+        mask.stride(0),
+        part_o.stride(0),
+        part_o.stride(1),
+        part_o.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        HEAD_DIM=d,
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        BLOCK_M=plan.block_m,
+        BLOCK_N=bn,
+        BLOCK_D=block_d,
+        NUM_SPLITS=splits,
+        DOT_PRECISION=dot_precision,
+        DOT_FP32=dot_fp32,
         **({"num_warps": 4, "num_stages": 2} if q.is_cuda else {}),
     )
     if splits > 1:
         _combine_kernel[(n, hq)](
-            out, part_o, part_lse,
-            out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2),
-            part_lse.stride(0), part_lse.stride(1),
-            HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits),
+            out,
+            part_o,
+            part_lse,
+            out.stride(0),
+            out.stride(1),
+            part_o.stride(0),
+            part_o.stride(1),
+            part_o.stride(2),
+            part_lse.stride(0),
+            part_lse.stride(1),
+            HEAD_DIM=d,
+            BLOCK_D=block_d,
+            NUM_SPLITS=splits,
+            SPLITS_PAD=triton.next_power_of_2(splits),
         )
     return out
 
@@ -286,4 +400,3 @@ def bytes_moved(q: Tensor, k_cache: Tensor, num_prefix_tokens: int) -> int:
     hkv = k_cache.shape[1]
     kv = 2 * (num_prefix_tokens + n) * hkv * d * k_cache.element_size()
     return kv + 2 * n * hq * d * q.element_size()
-

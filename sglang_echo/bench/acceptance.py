@@ -41,8 +41,16 @@ from ..platform.packed_linear import pack_linears
 from ..serve.flags import resolve_device
 from .acceptance_args import build_policy, gating_calibration, parse_args, shipped_draft
 
-__all__ = ["Row", "build_drafter", "build_policy", "gating_calibration", "load_prompt_ids", "main", "markdown",
-           "shipped_draft"]
+__all__ = [
+    "Row",
+    "build_drafter",
+    "build_policy",
+    "gating_calibration",
+    "load_prompt_ids",
+    "main",
+    "markdown",
+    "shipped_draft",
+]
 
 
 @dataclass
@@ -121,8 +129,9 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join([head, sep, *body])
 
 
-def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device,
-                  ngram: Optional[Path] = None, use_ngram: bool = True):
+def build_drafter(
+    kind: str, draft: Optional[Path], model, device: torch.device, ngram: Optional[Path] = None, use_ngram: bool = True
+):
     """The drafter (imported lazily) and the target layers it reads."""
     if kind == "ngram":
         from ..drafters.ngram import NGramDrafter
@@ -148,8 +157,15 @@ def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device,
 
         eos = model.config.eos_token_id
         try:
-            d = load_dart_drafter(draft, model.get_input_embeddings().weight, model.config.num_hidden_layers, ngram=ngram,
-                                  use_ngram=use_ngram, eos_id=eos[0] if isinstance(eos, list) else eos, device=device)
+            d = load_dart_drafter(
+                draft,
+                model.get_input_embeddings().weight,
+                model.config.num_hidden_layers,
+                ngram=ngram,
+                use_ngram=use_ngram,
+                eos_id=eos[0] if isinstance(eos, list) else eos,
+                device=device,
+            )
         except NGramTrieError as e:
             raise CommandError(f"--drafter dart: {e}") from None
         pack_linears(d.head)
@@ -160,8 +176,13 @@ def build_drafter(kind: str, draft: Optional[Path], model, device: torch.device,
         from ..drafters.dflash import load_dflash_drafter
 
         out = model.get_output_embeddings()
-        d = load_dflash_drafter(draft, model.get_input_embeddings().weight, None if out is None else out.weight,
-                                num_target_layers=model.config.num_hidden_layers, device=device)
+        d = load_dflash_drafter(
+            draft,
+            model.get_input_embeddings().weight,
+            None if out is None else out.weight,
+            num_target_layers=model.config.num_hidden_layers,
+            device=device,
+        )
         return d, d.captured_layers
     raise CommandError(f"unknown drafter {kind!r}")
 
@@ -205,7 +226,9 @@ def _measure(args: argparse.Namespace, argv: list[str] | None) -> int:
     policies = args.built
     tokenizer = AutoTokenizer.from_pretrained(str(args.model))
     model = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=getattr(torch, args.dtype)).to(device)
-    drafter, captured = build_drafter(args.drafter, args.draft, model, device, ngram=args.ngram, use_ngram=not args.no_ngram)
+    drafter, captured = build_drafter(
+        args.drafter, args.draft, model, device, ngram=args.ngram, use_ngram=not args.no_ngram
+    )
     for p in policies.values():
         if hasattr(p, "bind"):  # dart-tree builds its trees with the drafter itself
             p.bind(drafter)
@@ -243,11 +266,19 @@ def _measure(args: argparse.Namespace, argv: list[str] | None) -> int:
                 for b, (got, want) in enumerate(zip(res.tokens, refs[i])):
                     if got != want:
                         j = _first_diff(got, want)
-                        row.mismatches.append({"prompt": i * args.batch + b, "first_diff": j,
-                                               "got": got[j : j + 8], "want": want[j : j + 8]})
-                        tqdm.write(f"!!! MISMATCH {set_name}/{pname} prompt {i * args.batch + b}: "
-                                   f"output differs from greedy AR at token {j}: {got[j:j + 8]} vs {want[j:j + 8]}",
-                                   file=sys.stderr)
+                        row.mismatches.append(
+                            {
+                                "prompt": i * args.batch + b,
+                                "first_diff": j,
+                                "got": got[j : j + 8],
+                                "want": want[j : j + 8],
+                            }
+                        )
+                        tqdm.write(
+                            f"!!! MISMATCH {set_name}/{pname} prompt {i * args.batch + b}: "
+                            f"output differs from greedy AR at token {j}: {got[j : j + 8]} vs {want[j : j + 8]}",
+                            file=sys.stderr,
+                        )
                 bar.update()
             rows.append(row)
     bar.close()
@@ -262,7 +293,9 @@ def _measure(args: argparse.Namespace, argv: list[str] | None) -> int:
         meta = {
             "command": "echo-bench acceptance " + shlex.join(sys.argv[1:] if argv is None else argv),
             "machine": platform.node(),
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
+            "device": torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else f"cpu ({torch.get_num_threads()} threads)",
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "target": str(args.model),
             "draft": str(args.draft) if args.draft else None,
@@ -272,10 +305,13 @@ def _measure(args: argparse.Namespace, argv: list[str] | None) -> int:
             "calibration": gating_source,
             "policies": {n: p.name for n, p in policies.items()},
             "eos_id": eos,
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                     if k not in ("gating", "built")},
+            "args": {
+                k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("gating", "built")
+            },
         }
-        Path(f"{stem}.json").write_text(json.dumps({**meta, "rows": summaries, "mismatch_details": mismatches}, indent=2) + "\n")
+        Path(f"{stem}.json").write_text(
+            json.dumps({**meta, "rows": summaries, "mismatch_details": mismatches}, indent=2) + "\n"
+        )
         Path(f"{stem}.md").write_text(f"`{meta['command']}` on {meta['device']}\n\n{table}\n")
         print(f"wrote {stem}.json and {stem}.md")
     if mismatches:

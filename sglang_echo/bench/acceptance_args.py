@@ -11,8 +11,19 @@ from pathlib import Path
 from typing import Optional
 
 from ..cli_args import (
-    DTYPES, Parser, add_prompt_counts, alias, at_least, check_device, count, device, existing_file, model_dir,
-    name_list, out_file, positive_int,
+    DTYPES,
+    Parser,
+    add_prompt_counts,
+    alias,
+    at_least,
+    check_device,
+    count,
+    device,
+    existing_file,
+    model_dir,
+    name_list,
+    out_file,
+    positive_int,
 )
 from ..core.baselines import Chain
 from ..core.factory import POLICIES, PolicyConfig, make_policy
@@ -37,26 +48,39 @@ def parser(description: str = "") -> Parser:
     add = ap.add_argument
     add("--model", type=model_dir, required=True, help="the target: a Hugging Face checkpoint folder")
     add("--drafter", choices=DRAFTERS, required=True)
-    add("--draft", type=model_dir, default=None,
-        help="the drafter's head folder (eagle3, dart, dflash; default: the head of that kind that ships)")
-    add("--ngram", type=existing_file, default=None,
-        help="DART n-gram trie (echo-build-ngram; default: DRAFT/ngram-trie.safetensors if present)")
+    add(
+        "--draft",
+        type=model_dir,
+        default=None,
+        help="the drafter's head folder (eagle3, dart, dflash; default: the head of that kind that ships)",
+    )
+    add(
+        "--ngram",
+        type=existing_file,
+        default=None,
+        help="DART n-gram trie (echo-build-ngram; default: DRAFT/ngram-trie.safetensors if present)",
+    )
     add("--no-ngram", action="store_true", help="DART without n-gram pruning (the ablation)")
     add("--policies", type=policy_names, default="chain6,static-tree,echo", help="comma-separated policies")
     add("--prompts", type=prompt_sets, default="humaneval,chat", help="comma-separated prompt sets (models/prompts.py)")
     add_prompt_counts(ap, per_set=20)
     add("--max-new-tokens", type=positive_int, default=128, help="generated tokens per request")
     add("--batch", type=positive_int, default=8, help="requests decoded together")
-    add("--k-max", type=positive_int, default=None,
-        help="batch verification cap of budgeted policies (default 8*batch)")
+    add(
+        "--k-max", type=positive_int, default=None, help="batch verification cap of budgeted policies (default 8*batch)"
+    )
     add("--max-depth", type=positive_int, default=8, help="draft depth of echo & co. and of the static tree")
     add("--topk", type=positive_int, default=10, help="static tree")
     add("--total-tokens", type=at_least(2), default=60, help="static tree, root included")
     add("--w-def", type=positive_int, default=1, help="ECHO's default width")
     add("--w-max", type=positive_int, default=4, help="ECHO's widest expansion")
-    add("--calibration", type=_calibration, default="shipped",
+    add(
+        "--calibration",
+        type=_calibration,
+        default="shipped",
         help="ECHO's gates: an echo-calibrate file, 'shipped' (the calibration shipped for this target and drafter, "
-             "as the server picks it; paper defaults where none matches) or 'defaults' (the paper's)")
+        "as the server picks it; paper defaults where none matches) or 'defaults' (the paper's)",
+    )
     add("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     add("--max-prompt-len", type=positive_int, default=None, help="keep only the last N prompt tokens")
     add("--device", type=device, default=None, help="default: cuda if available, else cpu")
@@ -89,8 +113,14 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
             except ValueError as e:
                 raise ValueError(f"--draft {args.draft}: {e}") from None
         args.gating = gating_calibration(args.calibration, args.model, args.drafter, args.draft)
-        cfg = PolicyConfig(k_max=args.k_max or 8 * args.batch, max_depth=args.max_depth, w_def=args.w_def,
-                           w_max=args.w_max, topk=args.topk, total_tokens=args.total_tokens)
+        cfg = PolicyConfig(
+            k_max=args.k_max or 8 * args.batch,
+            max_depth=args.max_depth,
+            w_def=args.w_def,
+            w_max=args.w_max,
+            topk=args.topk,
+            total_tokens=args.total_tokens,
+        )
         args.built = {n: build_policy(n, cfg, args.gating[0]) for n in args.policies}
     except ValueError as e:  # DraftMismatch, CalibrationError, a policy's own checks: one line
         ap.error(str(e))
@@ -135,6 +165,10 @@ def gating_calibration(spec: str, target: Path, drafter: str, draft: Optional[Pa
     path = shipped_calibration(target, drafter, draft) if spec == "shipped" else Path(spec)
     if path is None:
         return None, "the paper's default gates (no shipped calibration for this target and drafter)"
-    calibration = load_calibration(path, model_fingerprint=fingerprint(target), drafter_kind=drafter,
-                                   drafter_fingerprint=drafter_fingerprint(drafter, draft))
+    calibration = load_calibration(
+        path,
+        model_fingerprint=fingerprint(target),
+        drafter_kind=drafter,
+        drafter_fingerprint=drafter_fingerprint(drafter, draft),
+    )
     return calibration, str(path)

@@ -23,10 +23,15 @@ SUBCOMMANDS = {
 
 def parser() -> Parser:
     listing = "\n".join(f"  {name:<11} {line}" for name, (_, line) in SUBCOMMANDS.items())
-    ap = Parser(prog="echo-bench", debug_flag=False, description=__doc__.splitlines()[0],
-                epilog=f"subcommands:\n{listing}\n\n`echo-bench SUBCOMMAND --help` lists its options.")
-    ap.add_argument("command", choices=tuple(SUBCOMMANDS), metavar="SUBCOMMAND",
-                    help=f"one of {', '.join(SUBCOMMANDS)}")
+    ap = Parser(
+        prog="echo-bench",
+        debug_flag=False,
+        description=__doc__.splitlines()[0],
+        epilog=f"subcommands:\n{listing}\n\n`echo-bench SUBCOMMAND --help` lists its options.",
+    )
+    ap.add_argument(
+        "command", choices=tuple(SUBCOMMANDS), metavar="SUBCOMMAND", help=f"one of {', '.join(SUBCOMMANDS)}"
+    )
     ap.add_argument("options", nargs=argparse.REMAINDER, help="the subcommand's options")
     return ap
 

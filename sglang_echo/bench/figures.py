@@ -33,7 +33,6 @@ from .serve_run import CONTROL_GOAL, report_from_json
 from .serve_tables import markdown, ratio_interval, speedups
 
 
-
 def load(path: str | Path) -> tuple[dict, Path]:
     """``serve.json`` (a file, or the folder holding it) and the folder the figures go to."""
     p = Path(path)
@@ -151,8 +150,15 @@ def throughput(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
         base = [(c, by[name, c] / by["none", c]) for c in cs if ("none", c) in by and by["none", c] > 0]
         if passes:  # several passes: their geometric mean and its 95% interval
             mid, lo, hi = (np.array(v) for v in zip(*(iv for _, iv in passes)))
-            ax2.errorbar([_x(c, levels) for c, _ in passes], mid, yerr=[mid - lo, hi - mid], marker="o", capsize=3,
-                         label=name, color=color[name])
+            ax2.errorbar(
+                [_x(c, levels) for c, _ in passes],
+                mid,
+                yerr=[mid - lo, hi - mid],
+                marker="o",
+                capsize=3,
+                label=name,
+                color=color[name],
+            )
         elif base and name != "none":
             ax2.plot([_x(c, levels) for c, _ in base], [s for _, s in base], marker="o", label=name, color=color[name])
     ax.set_ylabel("throughput (output tokens/s)")
@@ -162,8 +168,10 @@ def throughput(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
     ax2.axhline(1.0, color="gray", ls="--", lw=1)
     ax2.set_ylabel("speedup vs none")
     several = any(len(v) > 1 for v in per_pass.values())
-    ax2.set_title("Speedup over no speculation" + (" (passes: geo mean, 95% interval)" if several else ""),
-                  fontsize=9 if several else None)
+    ax2.set_title(
+        "Speedup over no speculation" + (" (passes: geo mean, 95% interval)" if several else ""),
+        fontsize=9 if several else None,
+    )
     _log2_axis(ax2, levels, runs)
     if ax2.lines[1:]:
         ax2.legend(fontsize=7)
@@ -195,10 +203,18 @@ def utilisation(plt, data: dict, runs: list[dict], out: Path) -> Path | None:
         if not vals:
             continue
         color = colors[name]
-        ax.boxplot(vals, positions=pos, widths=width * 0.85, whis=(5, 95), showfliers=False, showmeans=True,
-                   patch_artist=True, boxprops={"facecolor": color, "alpha": 0.45},
-                   medianprops={"color": "black"},
-                   meanprops={"marker": "^", "markerfacecolor": "white", "markeredgecolor": "black", "markersize": 4})
+        ax.boxplot(
+            vals,
+            positions=pos,
+            widths=width * 0.85,
+            whis=(5, 95),
+            showfliers=False,
+            showmeans=True,
+            patch_artist=True,
+            boxprops={"facecolor": color, "alpha": 0.45},
+            medianprops={"color": "black"},
+            meanprops={"marker": "^", "markerfacecolor": "white", "markeredgecolor": "black", "markersize": 4},
+        )
         ax.plot([], [], color=color, lw=6, alpha=0.45, label=name)
     ax.set_xticks(range(len(levels)))
     closed = all(r.get("request_rate") is None for r in with_u)

@@ -29,13 +29,13 @@ from dataclasses import replace
 import torch
 
 from ..cli_args import Parser, check_device, name_list, out_file
-from ..cli_args import run as run_command
 from ..cli_args import device as device_arg
+from ..cli_args import run as run_command
 from ..core import PolicyConfig, build_trees, make_policy
+from ..core.dense import DenseVerifyTensors, dense_from_padded, to_sglang_dense
 from ..core.factory import ELASTIC_POLICIES, max_tree_size
 from ..core.graphs import GraphedTreeBuilder
 from ..core.synthetic import SyntheticDrafter, SyntheticWorld
-from ..core.dense import DenseVerifyTensors, dense_from_padded, to_sglang_dense
 from .machine import describe
 from .scheduler import TimedDrafter, add_batch_options, bench_cases, case_label, device_sync, median_p99
 
@@ -53,8 +53,17 @@ def _fused(kernels: bool):
     return TRITON
 
 
-def time_modes(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int, vocab: int,
-               device: torch.device, compile: bool, kernels: bool = False) -> dict:
+def time_modes(
+    name: str,
+    cfg: PolicyConfig,
+    batch: int,
+    steps: int,
+    warmup: int,
+    vocab: int,
+    device: torch.device,
+    compile: bool,
+    kernels: bool = False,
+) -> dict:
     sync = device_sync(device)
     drafter = TimedDrafter(SyntheticDrafter(SyntheticWorld(batch, vocab=vocab, seed=0, device=device)), sync)
     width = max_tree_size(name, cfg)
@@ -67,8 +76,16 @@ def time_modes(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int
             from ..kernels.control import layout  # Triton: imported only when asked for
 
             lay_out = dict(pad=layout.pad_pool, finish=layout.dense_from_padded)
-        return GraphedTreeBuilder(policy, drafter, batch, width, device, stop_early=stop_early,
-                                  compile="inductor" if fuse else None, **lay_out)
+        return GraphedTreeBuilder(
+            policy,
+            drafter,
+            batch,
+            width,
+            device,
+            stop_early=stop_early,
+            compile="inductor" if fuse else None,
+            **lay_out,
+        )
 
     modes = {
         "eager": lambda roots, prefix: to_sglang_dense(build_trees(policy, drafter, roots)[0], prefix, width),
@@ -99,20 +116,33 @@ def time_modes(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int
                 ms[mode].append(seconds * 1e3)
                 drafts[mode] += drafter.calls
         differ += not all(same_layout(out["eager"], o) for o in out.values())
-    return {"ms": {m: median_p99(v) for m, v in ms.items()}, "first_s": first_s,
-            "drafts": {m: n / steps for m, n in drafts.items()}, "differ": differ, "steps": warmup + steps}
+    return {
+        "ms": {m: median_p99(v) for m, v in ms.items()},
+        "first_s": first_s,
+        "drafts": {m: n / steps for m, n in drafts.items()},
+        "differ": differ,
+        "steps": warmup + steps,
+    }
 
 
 def parser() -> Parser:
     ap = Parser(prog="echo-bench graphs", description=__doc__.splitlines()[0])
     add_batch_options(ap, batch=64, steps=30, warmup=3)
     ap.add_argument("--device", type=device_arg, default=None, help="default: cuda if available, else cpu")
-    ap.add_argument("--compile", action="store_true",
-                    help="also fuse each stage with Inductor before capture (slow to build)")
-    ap.add_argument("--kernels", action="store_true",
-                    help="also time the fused Triton control kernels (ECHO and its ablations only)")
-    ap.add_argument("--policies", type=name_list(sorted({n for n, _ in bench_cases(1)}), what="policy"), default=None,
-                    help="comma-separated policy names to keep (default: all)")
+    ap.add_argument(
+        "--compile", action="store_true", help="also fuse each stage with Inductor before capture (slow to build)"
+    )
+    ap.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also time the fused Triton control kernels (ECHO and its ablations only)",
+    )
+    ap.add_argument(
+        "--policies",
+        type=name_list(sorted({n for n, _ in bench_cases(1)}), what="policy"),
+        default=None,
+        help="comma-separated policy names to keep (default: all)",
+    )
     ap.add_argument("--out", type=out_file, default=None, help="also write OUT.json (rows, machine, command)")
     return ap
 
@@ -126,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.kernels:
         keep = (keep or set(ELASTIC_POLICIES)) & set(ELASTIC_POLICIES)
         if not keep:
-            ap.error(f"--kernels times ECHO and its ablations ({', '.join(sorted(ELASTIC_POLICIES))}); "
-                     f"--policies {','.join(args.policies)} keeps none of them")
+            ap.error(
+                f"--kernels times ECHO and its ablations ({', '.join(sorted(ELASTIC_POLICIES))}); "
+                f"--policies {','.join(args.policies)} keeps none of them"
+            )
     return run_command(ap.prog, lambda: _bench(args, keep, argv), args.debug)
 
 
@@ -139,16 +171,25 @@ def _bench(args, keep: set[str], argv: list[str] | None) -> None:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (no CUDA: graph stages run eagerly)"
     modes = ["eager", "graphs", "all depths"] + ["fused"] * args.compile + ["kernels"] * args.kernels
     print(f"server-path control plane per step (drafter excluded), batch {args.batch}, {args.steps} steps, {where}")
-    print(f"{'policy (K_max / shape)':<34}" + "".join(f"{m[:10]:>12}{'p99':>7}" for m in modes)
-          + f"{'speedup':>9}{'drafts':>20}{'first s':>20}{'differ':>8}")
+    print(
+        f"{'policy (K_max / shape)':<34}"
+        + "".join(f"{m[:10]:>12}{'p99':>7}" for m in modes)
+        + f"{'speedup':>9}{'drafts':>20}{'first s':>20}{'differ':>8}"
+    )
     results = []
     for name, cfg in cases:
         r = time_modes(name, cfg, args.batch, args.steps, args.warmup, args.vocab, device, args.compile, args.kernels)
         results.append({"policy": name, "label": case_label(name, cfg), "config": vars(cfg), "batch": args.batch, **r})
         best = min(r["ms"][m][0] for m in modes[1:])
-        print(f"{case_label(name, cfg):<34}" + "".join(f"{r['ms'][m][0]:12.3f}{r['ms'][m][1]:7.2f}" for m in modes)
-              + f"{r['ms']['eager'][0] / best:8.1f}x" + "/".join(f"{r['drafts'][m]:.1f}" for m in modes).rjust(20)
-              + "/".join(f"{r['first_s'][m]:.1f}" for m in modes).rjust(20) + f"{r['differ']:5d}/{r['steps']}", flush=True)
+        print(
+            f"{case_label(name, cfg):<34}"
+            + "".join(f"{r['ms'][m][0]:12.3f}{r['ms'][m][1]:7.2f}" for m in modes)
+            + f"{r['ms']['eager'][0] / best:8.1f}x"
+            + "/".join(f"{r['drafts'][m]:.1f}" for m in modes).rjust(20)
+            + "/".join(f"{r['first_s'][m]:.1f}" for m in modes).rjust(20)
+            + f"{r['differ']:5d}/{r['steps']}",
+            flush=True,
+        )
     print("ms per step: median and p99; speedup = eager / the fastest graphed median; drafts = draft calls per step")
     print("per mode; first s = the first step's seconds (capture, and compilation for fused); differ = steps whose")
     print("layouts differ from eager in any mode")

@@ -71,5 +71,12 @@ def quartiles(values: list[float]) -> dict | None:
     p = percentiles(values, (5, 25, 50, 75, 95))
     if p is None:
         return None
-    return {"n": p["n"], "mean": p["mean"], "p5": p["p5"], "q1": p["p25"], "median": p["p50"], "q3": p["p75"],
-            "p95": p["p95"]}
+    return {
+        "n": p["n"],
+        "mean": p["mean"],
+        "p5": p["p5"],
+        "q1": p["p25"],
+        "median": p["p50"],
+        "q3": p["p75"],
+        "p95": p["p95"],
+    }

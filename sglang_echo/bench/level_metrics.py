@@ -99,7 +99,9 @@ def echo_deltas(before: dict[str, float], after: dict[str, float]) -> dict | Non
         "step_verified_max": after.get("echo_step_verified_tokens_max"),
         "k_max": after.get("echo_budget_k_max"),
         # the mean per-step cap: K_max with budget fixed, the cost model's caps with budget cost
-        "cap_per_step": d("echo_budget_cap_tokens_total") / steps if steps and "echo_budget_cap_tokens_total" in after else None,
+        "cap_per_step": d("echo_budget_cap_tokens_total") / steps
+        if steps and "echo_budget_cap_tokens_total" in after
+        else None,
         "budget_exceeded": d("echo_budget_exceeded_total"),
         # lazy extend: committed tokens whose draft extend was deferred, and those caught up later
         "deferred_tokens": d("echo_deferred_extend_tokens_total"),
@@ -128,7 +130,7 @@ def budget_decisions(before: dict[str, float], after: dict[str, float]) -> dict[
     for key, value in after.items():
         for name, field in (("echo_budget_steps_total", "steps"), ("echo_budget_step_seconds_total", "seconds")):
             if key.startswith(name + "{"):
-                labels = dict(_LABEL.findall(key[len(name) + 1:-1]))
+                labels = dict(_LABEL.findall(key[len(name) + 1 : -1]))
                 row = out.setdefault(f"{labels.get('arm')}/{labels.get('reason')}", {"steps": 0.0, "seconds": 0.0})
                 row[field] += value - before.get(key, 0.0)
     return {k: v for k, v in sorted(out.items()) if v["steps"] > 0}

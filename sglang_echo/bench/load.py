@@ -36,8 +36,9 @@ class Level:
         return ("inf" if math.isinf(self.rate) else f"{self.rate:g}") + " req/s"
 
 
-def run_level(send: Callable[[int], T], n: int, concurrency: int,
-              arrivals: Sequence[float] | None = None) -> tuple[float, list[T]]:
+def run_level(
+    send: Callable[[int], T], n: int, concurrency: int, arrivals: Sequence[float] | None = None
+) -> tuple[float, list[T]]:
     """Call ``send(i)`` for ``i < n`` with at most ``concurrency`` calls at once: as soon as a slot
     frees (``arrivals`` None), or not before ``arrivals[i]`` seconds after the start. Returns the
     wall seconds from the start until the last call returned, and each call's result in order (the
@@ -52,8 +53,9 @@ def run_level(send: Callable[[int], T], n: int, concurrency: int,
     return time.perf_counter() - t0, results
 
 
-def _submit_on_schedule(pool: ThreadPoolExecutor, send: Callable[[int], T], arrivals: Sequence[float],
-                        t0: float) -> list[Future]:
+def _submit_on_schedule(
+    pool: ThreadPoolExecutor, send: Callable[[int], T], arrivals: Sequence[float], t0: float
+) -> list[Future]:
     """Submit call ``i`` at ``t0 + arrivals[i]`` (the pool queues it while every worker is busy)."""
     futures: list[Future] = []
     for i, at in enumerate(arrivals):

@@ -34,9 +34,14 @@ def _cpuinfo() -> tuple[str, list[str]]:
 def describe() -> dict:
     cpu, isa = _cpuinfo()
     return {
-        "node": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
-        "cpu": cpu, "cores": os.cpu_count(), "isa": isa,
-        "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "node": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "isa": isa,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "mkldnn_bf16": cpu_has_bf16_gemm(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

@@ -41,7 +41,6 @@ class Outcome:
         return int(self.meta.get("completion_tokens", len(self.output_ids or [])))
 
 
-
 def same_outputs(outs: Sequence[Outcome], reference: Sequence[Outcome]) -> bool | None:
     """The lossless check of one level: every output equal to the reference's, by token ids where
     both servers give them, else by text where both give it (an OpenAI server against sglang's
@@ -74,8 +73,14 @@ def send(target: Target, item: PromptItem, max_new: int, stream: bool, ignore_eo
 def _openai(target: Target, item: PromptItem, max_new: int, stream: bool, extra: dict) -> Outcome:
     import requests
 
-    body = {"model": target.model, "prompt": list(item.input_ids) if item.input_ids is not None else item.text,
-            "max_tokens": max_new, "temperature": 0.0, "stream": stream, **extra}
+    body = {
+        "model": target.model,
+        "prompt": list(item.input_ids) if item.input_ids is not None else item.text,
+        "max_tokens": max_new,
+        "temperature": 0.0,
+        "stream": stream,
+        **extra,
+    }
     if stream:
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     start = time.perf_counter()

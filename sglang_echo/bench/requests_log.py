@@ -35,11 +35,22 @@ def request_rows(runs: Iterable[Run]) -> Iterator[dict]:
     """One row per request of every run, in run order."""
     for r in runs:
         for q in r.per_request:
-            yield {"config": r.config, "repeat": r.repeat, "level": r.level, "concurrency": r.concurrency,
-                   "request_rate": r.request_rate, "prompt_id": q.get("prompt_id"), "dataset": q.get("dataset"),
-                   "prompt_tokens": q.get("prompt_tokens"), "output_tokens": q.get("tokens"),
-                   "latency_s": q.get("seconds"), "ttft_s": q.get("ttft"), "itl_s": q.get("itl") or [],
-                   "verify_steps": q.get("verify_ct") or None, "mat": q.get("mat")}
+            yield {
+                "config": r.config,
+                "repeat": r.repeat,
+                "level": r.level,
+                "concurrency": r.concurrency,
+                "request_rate": r.request_rate,
+                "prompt_id": q.get("prompt_id"),
+                "dataset": q.get("dataset"),
+                "prompt_tokens": q.get("prompt_tokens"),
+                "output_tokens": q.get("tokens"),
+                "latency_s": q.get("seconds"),
+                "ttft_s": q.get("ttft"),
+                "itl_s": q.get("itl") or [],
+                "verify_steps": q.get("verify_ct") or None,
+                "mat": q.get("mat"),
+            }
 
 
 def write_requests(runs: Iterable[Run], path: Path) -> int:

@@ -25,7 +25,6 @@ from ..cli_args import device as device_arg
 from ..core import PolicyConfig, build_trees, greedy_verify, make_policy, pack
 from ..core.synthetic import SyntheticDrafter, SyntheticWorld
 
-
 _aten = torch.ops.aten
 SYNC_OPS = (_aten._local_scalar_dense, _aten.nonzero)  # a device -> host read each
 ALLOCATIONS = (_aten.empty, _aten.empty_strided, _aten.empty_like)  # memory only, no kernel
@@ -43,7 +42,9 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.paused:
-            wrapped_scalar = func is _aten.scalar_tensor.default and torch.device((kwargs or {}).get("device", "cpu")).type == "cpu"
+            wrapped_scalar = (
+                func is _aten.scalar_tensor.default and torch.device((kwargs or {}).get("device", "cpu")).type == "cpu"
+            )
             self.ops += not (func.is_view or wrapped_scalar or func.overloadpacket in ALLOCATIONS)
             self.syncs += func.overloadpacket in SYNC_OPS
         return func(*args, **(kwargs or {}))
@@ -81,7 +82,9 @@ class Step:
     policy: object
 
     @classmethod
-    def make(cls, name: str, cfg: PolicyConfig, batch: int, vocab: int, seed: int, device: torch.device, sync) -> "Step":
+    def make(
+        cls, name: str, cfg: PolicyConfig, batch: int, vocab: int, seed: int, device: torch.device, sync
+    ) -> "Step":
         world = SyntheticWorld(batch, vocab=vocab, seed=seed, device=device)
         roots = torch.randint(0, vocab, (batch,), generator=torch.Generator().manual_seed(seed)).to(device)
         prefix = torch.randint(16, 2048, (batch,), generator=torch.Generator().manual_seed(seed + 1)).to(device)
@@ -112,11 +115,21 @@ class Timing:
 
     def row(self) -> str:
         (cm, cp), (vm, vp) = median_p99(self.control_ms), median_p99(self.verify_ms)
-        return f"{self.policy:<34} {cm:8.2f} {cp:8.2f} {vm:8.2f} {vp:8.2f} {self.verified_tokens:10.0f} {self.ops:6d} {self.syncs:6d}"
+        return (
+            f"{self.policy:<34} {cm:8.2f} {cp:8.2f} {vm:8.2f} {vp:8.2f} {self.verified_tokens:10.0f} "
+            f"{self.ops:6d} {self.syncs:6d}"
+        )
 
 
-def time_policy(name: str, cfg: PolicyConfig, batch: int, steps: int, warmup: int, vocab: int,
-                device: torch.device = torch.device("cpu")) -> Timing:
+def time_policy(
+    name: str,
+    cfg: PolicyConfig,
+    batch: int,
+    steps: int,
+    warmup: int,
+    vocab: int,
+    device: torch.device = torch.device("cpu"),
+) -> Timing:
     # On a GPU every section ends with a synchronize: host syncs inside the policy (per-depth
     # budget reads) are part of its cost, queued kernels must not leak into the next section.
     sync = device_sync(device)
@@ -184,8 +197,9 @@ def parser() -> Parser:
     # The control plane is many small tensor ops: intra-op threads only add synchronisation
     # (and collapse when the target model's threads compete for the same cores), so 1 is default.
     ap.add_argument("--threads", type=count, default=1, help="torch intra-op threads (0: torch's default)")
-    ap.add_argument("--device", type=device_arg, default="cpu",
-                    help="where the policy's tensors live (cuda: as in a GPU server)")
+    ap.add_argument(
+        "--device", type=device_arg, default="cpu", help="where the policy's tensors live (cuda: as in a GPU server)"
+    )
     return ap
 
 
@@ -201,12 +215,20 @@ def _bench(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     B = args.batch
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, torch threads {torch.get_num_threads()}"
+    where = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, torch threads {torch.get_num_threads()}"
+    )
     print(f"control plane per step, batch {B}, {args.steps} steps, {where}")
-    print(f"{'policy (K_max / shape)':<34} {'ctl med':>8} {'ctl p99':>8} {'ver med':>8} {'ver p99':>8} {'verified':>10} {'ops':>6} {'syncs':>6}")
+    print(
+        f"{'policy (K_max / shape)':<34} {'ctl med':>8} {'ctl p99':>8} {'ver med':>8} {'ver p99':>8} "
+        f"{'verified':>10} {'ops':>6} {'syncs':>6}"
+    )
     for name, cfg in bench_cases(B):
         t = time_policy(name, cfg, B, args.steps, args.warmup, args.vocab, device)
         t.policy = case_label(name, cfg)
         print(t.row(), flush=True)
     print("ctl = gating + scheduling + packing (drafter excluded); ver = greedy tree verification; ms;")
-    print("ops / syncs = tensor ops (no views or wrapped scalars) / host syncs of one step's control plane (GPU launches / stalls)")
+    print(
+        "ops / syncs = tensor ops (no views or wrapped scalars) / host syncs of one step's control plane "
+        "(GPU launches / stalls)"
+    )

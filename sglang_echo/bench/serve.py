@@ -45,6 +45,7 @@ from pathlib import Path
 
 from ..cli_args import CommandError, has_tokenizer
 from ..cli_args import run as run_command
+from .latency import quartiles
 from .load import Level, run_level
 from .machine import describe
 from .requester import Outcome, send
@@ -52,16 +53,34 @@ from .requests_log import json_ready, write_requests
 from .serve_args import needed_head, parse_args
 from .serve_configs import calibration_dir
 from .serve_endpoint import (
-    Bench, Endpoint, StartedServer, level_requests, max_new_tokens, measure, running_server, warmup_level,
+    Bench,
+    Endpoint,
+    StartedServer,
+    level_requests,
+    max_new_tokens,
+    measure,
+    running_server,
+    warmup_level,
 )
 from .serve_run import Report, Run, report_from_json, request_record
-from .latency import quartiles
 from .serve_tables import markdown
 from .targets import Target, TargetError, probe
 from .workload import PromptItem, text_prompts, token_prompts, vocab_size
 
-__all__ = ["Report", "Run", "level_requests", "main", "markdown", "max_new_tokens", "quartiles", "report_from_json",
-           "request_record", "run", "warmup_level", "write"]
+__all__ = [
+    "Report",
+    "Run",
+    "level_requests",
+    "main",
+    "markdown",
+    "max_new_tokens",
+    "quartiles",
+    "report_from_json",
+    "request_record",
+    "run",
+    "warmup_level",
+    "write",
+]
 
 
 def run(args: argparse.Namespace) -> Report:
@@ -69,8 +88,9 @@ def run(args: argparse.Namespace) -> Report:
     if args.base_urls:
         targets = [probe(name, url, args.served_model_name) for name, url in args.base_urls]
         bench = _bench(args, None, {}, None, _prompt_source(args, targets))
-        settings = {"targets": {t.name: {"url": t.url, "api": t.api, "model": t.model or t.model_path}
-                                for t in targets}}
+        settings = {
+            "targets": {t.name: {"url": t.url, "api": t.api, "model": t.model or t.model_path} for t in targets}
+        }
         runs = _side_by_side(bench, [lambda _i, t=t: running_server(bench, t) for t in targets])
     else:
         model = args.model_folder or _prepared(args.dtype)
@@ -78,28 +98,50 @@ def run(args: argparse.Namespace) -> Report:
         calib_dir = calibration_dir(args)
         pick = None if calib_dir is None else _calibration_picker(model, heads, calib_dir)
         bench = _bench(args, model, heads, pick, model)
-        settings = {"model": str(model), "draft": str(heads.get("eagle3")),
-                    "heads": {d: str(h) for d, h in heads.items()},
-                    "dtype": args.dtype, "device": args.device, "load_format": args.load_format,
-                    "attention_backend": args.attention_backend, "echo_drafter": args.echo_drafter,
-                    "calibration": args.calibration, "max_total_tokens": args.max_total_tokens}
+        settings = {
+            "model": str(model),
+            "draft": str(heads.get("eagle3")),
+            "heads": {d: str(h) for d, h in heads.items()},
+            "dtype": args.dtype,
+            "device": args.device,
+            "load_format": args.load_format,
+            "attention_backend": args.attention_backend,
+            "echo_drafter": args.echo_drafter,
+            "calibration": args.calibration,
+            "max_total_tokens": args.max_total_tokens,
+        }
         runs = _started_runs(bench)
-    report = Report(machine={**describe(), "cpus": os.cpu_count()},
-                    settings=json_ready({**settings, **_load_settings(bench)}))
+    report = Report(
+        machine={**describe(), "cpus": os.cpu_count()}, settings=json_ready({**settings, **_load_settings(bench)})
+    )
     report.runs += runs
     return report
 
 
 def _load_settings(bench: Bench) -> dict:
     a = bench.args
-    return {"configs": a.config_names, "levels": [lv.key for lv in bench.levels],
-            "mode": "concurrency" if a.rates is None else "request-rate", "concurrency": a.levels_c,
-            "request_rate": a.rates, "max_concurrency": a.max_concurrency, "num_requests": a.num_requests,
-            "seed": a.seed, "stream": a.stream, "ignore_eos": a.ignore_eos, "max_new": a.max_new_tokens,
-            "max_new_jitter": a.max_new_tokens_jitter, "prompts": len(bench.items), "per_set": a.per_set,
-            "token_prompts": a.token_prompts, "warmup_requests": a.warmup_requests, "lossless": _lossless_note(a),
-            **({"simulated": {"label": a.sim["label"], "trace": a.sim["stem"], "eagle3": a.sim["eagle3"]}}
-               if a.sim else {})}
+    return {
+        "configs": a.config_names,
+        "levels": [lv.key for lv in bench.levels],
+        "mode": "concurrency" if a.rates is None else "request-rate",
+        "concurrency": a.levels_c,
+        "request_rate": a.rates,
+        "max_concurrency": a.max_concurrency,
+        "num_requests": a.num_requests,
+        "seed": a.seed,
+        "stream": a.stream,
+        "ignore_eos": a.ignore_eos,
+        "max_new": a.max_new_tokens,
+        "max_new_jitter": a.max_new_tokens_jitter,
+        "prompts": len(bench.items),
+        "per_set": a.per_set,
+        "token_prompts": a.token_prompts,
+        "warmup_requests": a.warmup_requests,
+        "lossless": _lossless_note(a),
+        **(
+            {"simulated": {"label": a.sim["label"], "trace": a.sim["stem"], "eagle3": a.sim["eagle3"]}} if a.sim else {}
+        ),
+    }
 
 
 def _lossless_note(args: argparse.Namespace) -> str:
@@ -107,8 +149,10 @@ def _lossless_note(args: argparse.Namespace) -> str:
     if "none" not in args.config_names:
         return "not checked: no `none` config to compare with"
     if args.base_urls:
-        return ("greedy outputs of every --base-url server against the `none` URL's (token ids from sglang's "
-                "/generate, text from an OpenAI-only server)")
+        return (
+            "greedy outputs of every --base-url server against the `none` URL's (token ids from sglang's "
+            "/generate, text from an OpenAI-only server)"
+        )
     return "greedy output token ids of every config against `none` (a server started by echo-bench)"
 
 
@@ -129,8 +173,9 @@ def _prompt_items(args: argparse.Namespace, source: Path | None) -> list[PromptI
         return [PromptItem(q["id"], "trace", input_ids=tuple(q["input_ids"])) for q in args.sim["prompts"]]
     if args.token_shape is not None:
         if source is None:
-            raise TargetError("--token-prompts with --base-url: pass --model (a folder or config with the "
-                              "served model's vocab_size)")
+            raise TargetError(
+                "--token-prompts with --base-url: pass --model (a folder or config with the served model's vocab_size)"
+            )
         n, length = args.token_shape
         return token_prompts(n, length, vocab_size(source), args.seed)
     from transformers import AutoTokenizer
@@ -149,8 +194,10 @@ def _prompt_source(args: argparse.Namespace, targets: Sequence[Target]) -> Path 
             if args.token_shape is not None or has_tokenizer(folder):
                 return folder
     if args.token_shape is None:
-        print("[echo-bench] prompts rendered with SmolLM2's chat template (pass --model for the served model's)",
-              flush=True)
+        print(
+            "[echo-bench] prompts rendered with SmolLM2's chat template (pass --model for the served model's)",
+            flush=True,
+        )
     return None
 
 
@@ -224,8 +271,9 @@ def _enter_all(stack: ExitStack, contexts: Sequence[AbstractContextManager[Endpo
     return endpoints
 
 
-def _one_level(url: str, texts: list[str], concurrency: int, max_new: Sequence[int]
-               ) -> tuple[float, list[Outcome], list[float]]:
+def _one_level(
+    url: str, texts: list[str], concurrency: int, max_new: Sequence[int]
+) -> tuple[float, list[Outcome], list[float]]:
     """Send ``texts`` (``max_new[i]`` tokens each, not streamed) to the sglang server at ``url`` with
     ``concurrency`` clients; wall seconds, the outcomes (``output_ids``, ``meta``), each latency."""
     target = Target("server", url)
@@ -242,8 +290,10 @@ def _ms(summary: dict | None, what: str) -> str:
 def _progress(r: Run) -> str:
     mat = f"{r.mat:.2f}" if r.mat else "-"
     level = f"c={r.concurrency:<3}" if r.request_rate is None else Level(r.concurrency, r.request_rate).label
-    line = (f"{r.config:>10} {level} {r.tokens_per_s:7.2f} tok/s  {r.requests_per_s:5.2f} req/s  MAT {mat:>5}  "
-            f"lossless {r.lossless}")
+    line = (
+        f"{r.config:>10} {level} {r.tokens_per_s:7.2f} tok/s  {r.requests_per_s:5.2f} req/s  MAT {mat:>5}  "
+        f"lossless {r.lossless}"
+    )
     for what in ("ttft", "itl"):
         if part := _ms(r.latency, what):
             line += "  " + part

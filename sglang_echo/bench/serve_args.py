@@ -20,78 +20,159 @@ DEFAULT_DTYPE = "float32"  # keeps the token-for-token check exact on a CPU
 WARMUP_CONCURRENCY = 8
 HEAD_FLAGS = {"eagle3": "--draft", "dart": "--dart-draft", "dflash": "--dflash-draft"}  # each drafter's head option
 # Options that shape the servers echo-bench starts: meaningless for servers already running.
-SERVER_ONLY = ("configs", "dtype", "max_total_tokens", "draft", "dart_draft", "dflash_draft", "calibration",
-               "load_format", "device", "attention_backend")
+SERVER_ONLY = (
+    "configs",
+    "dtype",
+    "max_total_tokens",
+    "draft",
+    "dart_draft",
+    "dflash_draft",
+    "calibration",
+    "load_format",
+    "device",
+    "attention_backend",
+)
 
 
 def parser(description: str = "") -> Parser:
     ap = Parser(prog="echo-bench serve", description=description)
     add = ap.add_argument
     add("--configs", default=None, help=f"comma list of {','.join(CONFIGS)} (default {DEFAULT_CONFIGS})")
-    add("--base-url", default=None, metavar="URL|NAME=URL,...",
+    add(
+        "--base-url",
+        default=None,
+        metavar="URL|NAME=URL,...",
         help="measure servers already running instead of starting them: one URL, or NAME=URL pairs side by side "
-             "(none=URL is what speedups and the lossless check compare with)")
-    add("--served-model-name", default=None, metavar="NAME",
+        "(none=URL is what speedups and the lossless check compare with)",
+    )
+    add(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
         help="the model name OpenAI-only --base-url servers are asked for (default: the first one their "
-             "/v1/models lists)")
+        "/v1/models lists)",
+    )
     add("--concurrency", default=None, help=f"closed-loop levels: clients at once (default {DEFAULT_CONCURRENCY})")
-    add("--request-rate", default=None, metavar="R[,R...]",
-        help="open-loop levels instead: Poisson arrivals at R requests/s (seeded; inf: all at once)")
-    add("--max-concurrency", type=positive_int, default=None,
-        help="with --request-rate: at most this many requests in flight")
-    add("--num-requests", type=positive_int, default=None,
-        help="with --request-rate: requests per level (default: the prompt pool's size)")
-    add("--stream", action=argparse.BooleanOptionalAction, default=True,
-        help="stream every response (TTFT and inter-token latency); --no-stream: one response per request")
-    add("--ignore-eos", action="store_true",
-        help="generate --max-new-tokens tokens whatever the model says (random weights)")
+    add(
+        "--request-rate",
+        default=None,
+        metavar="R[,R...]",
+        help="open-loop levels instead: Poisson arrivals at R requests/s (seeded; inf: all at once)",
+    )
+    add(
+        "--max-concurrency",
+        type=positive_int,
+        default=None,
+        help="with --request-rate: at most this many requests in flight",
+    )
+    add(
+        "--num-requests",
+        type=positive_int,
+        default=None,
+        help="with --request-rate: requests per level (default: the prompt pool's size)",
+    )
+    add(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stream every response (TTFT and inter-token latency); --no-stream: one response per request",
+    )
+    add(
+        "--ignore-eos",
+        action="store_true",
+        help="generate --max-new-tokens tokens whatever the model says (random weights)",
+    )
     add("--seed", type=int, default=0, help="seeds the Poisson arrivals and --token-prompts")
     add("--rounds", type=count, default=1, help="requests per level = concurrency x rounds")
-    add("--min-requests", type=count, default=0,
-        help="at least this many requests per level (low concurrencies in a sweep up to 256)")
-    add("--repeats", type=positive_int, default=1,
-        help="passes over the configs, alternating their order; speedups compare runs of one pass")
-    add("--interleave", action="store_true",
+    add(
+        "--min-requests",
+        type=count,
+        default=0,
+        help="at least this many requests per level (low concurrencies in a sweep up to 256)",
+    )
+    add(
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="passes over the configs, alternating their order; speedups compare runs of one pass",
+    )
+    add(
+        "--interleave",
+        action="store_true",
         help="start every config's server at once and run each level of each pass config after config "
-             "(ports --port, --port+10, ...): ratios then span one level's minutes, not a whole pass "
-             "(--base-url runs always go this way)")
+        "(ports --port, --port+10, ...): ratios then span one level's minutes, not a whole pass "
+        "(--base-url runs always go this way)",
+    )
     add("--per-set", type=positive_int, default=10, help="prompts taken from each prompt set")
-    add("--token-prompts", default=None, metavar="N:LEN",
+    add(
+        "--token-prompts",
+        default=None,
+        metavar="N:LEN",
         help="N prompts of LEN random token ids (seeded, within the model's vocabulary) instead of the prompt "
-             "sets; started servers skip tokenizer init")
-    add("--simulate", default=None, metavar="STEM",
+        "sets; started servers skip tokenizer init",
+    )
+    add(
+        "--simulate",
+        default=None,
+        metavar="STEM",
         help="simulated acceptance from an echo-replay trace (STEM.sim.json, echo-replay sim-inputs): the trace's "
-             "prompts as token ids, ECHO configs with SGLANG_ECHO_SIMULATE=STEM, sglang's EAGLE3 with the "
-             "trace's SGLANG_SIMULATE_ACC_LEN; every figure says 'simulated acceptance'")
+        "prompts as token ids, ECHO configs with SGLANG_ECHO_SIMULATE=STEM, sglang's EAGLE3 with the "
+        "trace's SGLANG_SIMULATE_ACC_LEN; every figure says 'simulated acceptance'",
+    )
     add("--max-new-tokens", type=positive_int, default=64, help="generated tokens per request")
-    add("--max-new-tokens-jitter", type=count, default=0,
+    add(
+        "--max-new-tokens-jitter",
+        type=count,
+        default=0,
         help="spread each request's max new tokens over --max-new-tokens +- this (a fixed pattern), so that "
-             "plain decoding's requests do not finish in step")
-    add("--warmup-requests", type=count, default=16,
+        "plain decoding's requests do not finish in step",
+    )
+    add(
+        "--warmup-requests",
+        type=count,
+        default=16,
         help=f"requests each server serves unmeasured before its first level, {WARMUP_CONCURRENCY} at a "
-             "time, --max-new-tokens tokens each")
-    add("--model", default=None,
+        "time, --max-new-tokens tokens each",
+    )
+    add(
+        "--model",
+        default=None,
         help="the target to start servers on instead of SmolLM2: a Hugging Face folder or a bare config file "
-             "(e.g. benchmarks/configs/llama-3.1-8b.json); with --base-url, where token prompts and the "
-             "tokenizer come from")
+        "(e.g. benchmarks/configs/llama-3.1-8b.json); with --base-url, where token prompts and the "
+        "tokenizer come from",
+    )
     add("--load-format", default=None, help="sglang's --load-format for started servers (dummy: random weights)")
     add("--device", choices=SERVER_DEVICES, default=None, help="started servers' device (default: cuda if available)")
     add("--attention-backend", default=None, help="started servers' attention backend (default: the platform's)")
     add("--dtype", choices=DTYPES, default=None, help=f"started servers' dtype (default {DEFAULT_DTYPE})")
-    add("--server-args", default="",
-        help="more sglang flags for every started server, one string (e.g. \"--mem-fraction-static 0.25\" so that "
-             "--interleave's servers share one GPU)")
-    add("--max-total-tokens", type=positive_int, default=None,
+    add(
+        "--server-args",
+        default="",
+        help='more sglang flags for every started server, one string (e.g. "--mem-fraction-static 0.25" so that '
+        "--interleave's servers share one GPU)",
+    )
+    add(
+        "--max-total-tokens",
+        type=positive_int,
+        default=None,
         help="every server's KV pool in tokens (default: make serve's: on CPUs 16,384, plus the draft "
-             "slots a speculative server holds per running request)")
+        "slots a speculative server holds per running request)",
+    )
     add("--draft", default=None, help="EAGLE-3 head, a folder or a bare config (default: the shipped head)")
-    add("--echo-drafter", choices=DRAFTERS, default="eagle3",
-        help="the drafter of the echo* configs (echo-dart and echo-ngram pin theirs)")
+    add(
+        "--echo-drafter",
+        choices=DRAFTERS,
+        default="eagle3",
+        help="the drafter of the echo* configs (echo-dart and echo-ngram pin theirs)",
+    )
     add("--dart-draft", default=None, help="DART head for the dart drafter (default: the shipped one)")
     add("--dflash-draft", default=None, help="DFlash head for the dflash drafter (default: the shipped one)")
-    add("--calibration", default=None,
+    add(
+        "--calibration",
+        default=None,
         help="echo-calibrate output for the echo* configs, or a folder of them / 'shipped' (each config takes "
-             "the file made for its drafter; default: paper gates)")
+        "the file made for its drafter; default: paper gates)",
+    )
     add("--port", type=port, default=30400, help="the first started server's port")
     add("--out", type=out_dir, default="benchmarks/results/cpu", help="folder for serve.json, serve.md, ...")
     alias(ap, "--model", "--model-dir")
@@ -130,13 +211,17 @@ def check(args: argparse.Namespace) -> None:
     if args.base_urls:
         given = [f"--{k.replace('_', '-')}" for k in SERVER_ONLY if getattr(args, k) is not None]
         if given:
-            raise ValueError(f"{', '.join(given)}: options of the servers echo-bench starts; --base-url measures "
-                             "running servers (their names come before '=')")
+            raise ValueError(
+                f"{', '.join(given)}: options of the servers echo-bench starts; --base-url measures "
+                "running servers (their names come before '=')"
+            )
         args.config_names = [name for name, _ in args.base_urls]
     else:
         if args.served_model_name is not None:
-            raise ValueError("--served-model-name names the model of OpenAI-only --base-url servers; started "
-                             "servers serve --model (or SmolLM2)")
+            raise ValueError(
+                "--served-model-name names the model of OpenAI-only --base-url servers; started "
+                "servers serve --model (or SmolLM2)"
+            )
         args.config_names = (args.configs or DEFAULT_CONFIGS).split(",")
         unknown = [c for c in args.config_names if c not in CONFIGS]
         if unknown:
@@ -144,8 +229,9 @@ def check(args: argparse.Namespace) -> None:
         args.dtype = args.dtype or DEFAULT_DTYPE
     if args.request_rate is not None:
         if args.concurrency is not None:
-            raise ValueError("--concurrency and --request-rate exclude each other; cap an open loop with "
-                             "--max-concurrency")
+            raise ValueError(
+                "--concurrency and --request-rate exclude each other; cap an open loop with --max-concurrency"
+            )
         args.rates, args.levels_c = parse_rates(args.request_rate), None
     else:
         for flag in ("max_concurrency", "num_requests"):
@@ -163,13 +249,16 @@ def check(args: argparse.Namespace) -> None:
     args.model_folder = _target_folder(args) if args.model else None
     if args.model_folder is not None:
         if args.sim is not None and vocab_size(args.model_folder) < args.sim["vocab_size"]:
-            raise ValueError(f"--simulate: the trace's token ids need a vocabulary of {args.sim['vocab_size']}, "
-                             f"--model {args.model} has {vocab_size(args.model_folder)}")
+            raise ValueError(
+                f"--simulate: the trace's token ids need a vocabulary of {args.sim['vocab_size']}, "
+                f"--model {args.model} has {vocab_size(args.model_folder)}"
+            )
         if args.token_shape is not None:
             vocab_size(args.model_folder)  # raises where the config has none
         elif args.sim is None and not has_tokenizer(args.model_folder):
-            raise ValueError(f"--model {args.model}: no tokenizer there to render the prompt sets; "
-                             "pass --token-prompts N:LEN")
+            raise ValueError(
+                f"--model {args.model}: no tokenizer there to render the prompt sets; pass --token-prompts N:LEN"
+            )
     given = {d: getattr(args, HEAD_FLAGS[d][2:].replace("-", "_")) for d in HEAD_FLAGS}
     args.head_folders = {d: model_folder(Path(p), HEAD_FLAGS[d]) for d, p in given.items() if p}
     if args.model_folder is not None and not args.base_urls:
@@ -189,8 +278,9 @@ def _simulation(args: argparse.Namespace) -> dict:
         raise ValueError("--simulate and --token-prompts exclude each other: the trace's prompts are sent")
     sim = load_sim_inputs(path)
     if args.max_new_tokens > sim["max_new"]:
-        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: the trace {stem} holds {sim['max_new']} tokens "
-                         "per prompt")
+        raise ValueError(
+            f"--max-new-tokens {args.max_new_tokens}: the trace {stem} holds {sim['max_new']} tokens per prompt"
+        )
     echo = [c for c in (args.config_names or []) if CONFIGS[c][0] == "echo"]
     other = [c for c in echo if CONFIGS[c][2].get("SGLANG_ECHO_DRAFTER", args.echo_drafter) != sim["drafter"]]
     if other:
@@ -212,8 +302,10 @@ def _check_heads(args: argparse.Namespace) -> None:
     for name in args.config_names:
         drafter = needed_head(name, args.echo_drafter)
         if drafter is not None and drafter not in args.head_folders:
-            raise ValueError(f"--configs {name} with --model: pass its {drafter} head ({HEAD_FLAGS[drafter]} DIR "
-                             "or a bare config file); the shipped heads draft for SmolLM2")
+            raise ValueError(
+                f"--configs {name} with --model: pass its {drafter} head ({HEAD_FLAGS[drafter]} DIR "
+                "or a bare config file); the shipped heads draft for SmolLM2"
+            )
 
 
 def needed_head(name: str, echo_drafter: str) -> str | None:

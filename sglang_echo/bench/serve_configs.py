@@ -26,10 +26,26 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
     # a chain of ECHO's max depth, static trees of EAGLE-3's 8/10/60 and the streamlined 3/3/5
     # (depth / top-k / tokens), and a chain cut to the batch cap K_max.
     "echo-chain": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "chain"}),
-    "echo-static-8x10x60": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "static-tree", "SGLANG_ECHO_MAX_DEPTH": "8",
-                                                    "SGLANG_ECHO_W_MAX": "10", "SGLANG_ECHO_WIDTH": "60"}),
-    "echo-static-3x3x5": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "static-tree", "SGLANG_ECHO_MAX_DEPTH": "3",
-                                                  "SGLANG_ECHO_W_MAX": "3", "SGLANG_ECHO_WIDTH": "5"}),
+    "echo-static-8x10x60": (
+        "echo",
+        SpecOptions(),
+        {
+            "SGLANG_ECHO_POLICY": "static-tree",
+            "SGLANG_ECHO_MAX_DEPTH": "8",
+            "SGLANG_ECHO_W_MAX": "10",
+            "SGLANG_ECHO_WIDTH": "60",
+        },
+    ),
+    "echo-static-3x3x5": (
+        "echo",
+        SpecOptions(),
+        {
+            "SGLANG_ECHO_POLICY": "static-tree",
+            "SGLANG_ECHO_MAX_DEPTH": "3",
+            "SGLANG_ECHO_W_MAX": "3",
+            "SGLANG_ECHO_WIDTH": "5",
+        },
+    ),
     "echo-budgeted-chain": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "budgeted-chain"}),
     # The same ECHO trees verified padded-dense (B*W target tokens per step) instead of ragged.
     "echo-padded": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_VERIFY": "padded"}),
@@ -45,16 +61,25 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
     # Each step's cap from the measured cost model instead of a fixed K_max (core.budget).
     "echo-cost": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost"}),
     # The same with EAGLE's draft extend on every step, plain ones included (lazy extend off).
-    "echo-cost-eager": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost",
-                                                "SGLANG_ECHO_LAZY_EXTEND": "0"}),
+    "echo-cost-eager": (
+        "echo",
+        SpecOptions(),
+        {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost", "SGLANG_ECHO_LAZY_EXTEND": "0"},
+    ),
     # The same with a K_max exploration every 64 steps whatever they find (no back-off).
-    "echo-cost-explore64": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost",
-                                                    "SGLANG_ECHO_EXPLORE_BACKOFF": "1"}),
+    "echo-cost-explore64": (
+        "echo",
+        SpecOptions(),
+        {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost", "SGLANG_ECHO_EXPLORE_BACKOFF": "1"},
+    ),
     # ECHO that never drafts (a cap of the roots alone): what its plain steps cost beyond plain decoding,
     # the floor the cost budget reaches where it decides not to speculate.
     "echo-plain": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": "1"}),
-    "echo-ngram-cost": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "ngram",
-                                                "SGLANG_ECHO_BUDGET": "cost"}),
+    "echo-ngram-cost": (
+        "echo",
+        SpecOptions(),
+        {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_DRAFTER": "ngram", "SGLANG_ECHO_BUDGET": "cost"},
+    ),
 }
 UNCALIBRATED = {"echo-paper"}
 

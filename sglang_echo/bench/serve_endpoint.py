@@ -103,8 +103,11 @@ def warmup_level(pool: Sequence, requests: int, max_new: int) -> tuple[list, int
 
 def warm_up(bench: Bench, ep: Endpoint) -> None:
     items, concurrency, budgets = warmup_level(bench.items, bench.args.warmup_requests, bench.args.max_new_tokens)
-    run_level(lambda i: send(ep.target, items[i], budgets[i], stream=False, ignore_eos=bench.args.ignore_eos),
-              len(items), concurrency)
+    run_level(
+        lambda i: send(ep.target, items[i], budgets[i], stream=False, ignore_eos=bench.args.ignore_eos),
+        len(items),
+        concurrency,
+    )
 
 
 class StartedServer:
@@ -118,16 +121,28 @@ class StartedServer:
         env = {**echo_env(name, args, bench.pick), **simulation_env(self.spec, args.sim)}
         head = bench.heads.get(env.get("SGLANG_ECHO_DRAFTER", "eagle3")) if self.spec in ("eagle3", "echo") else None
         if self.spec == "echo":
-            print(f"[echo-bench] {name}: drafter {env['SGLANG_ECHO_DRAFTER']}, "
-                  f"calibration {env.get('SGLANG_ECHO_CALIBRATION', 'none (paper gates)')}", flush=True)
-        self.opts = ServerOptions(model_path=bench.model, port=port, spec=self.spec, draft_path=head,
-                                  spec_options=knobs, dtype=args.dtype, max_running_requests=max_in_flight(bench),
-                                  max_total_tokens=args.max_total_tokens, enable_metrics=True,
-                                  extra_env=tuple({step_times.ENV: "1", **env}.items()),
-                                  device=args.device, load_format=args.load_format,
-                                  skip_tokenizer_init=args.token_shape is not None or args.sim is not None,
-                                  attention_backend=args.attention_backend,
-                                  extra_args=tuple(shlex.split(args.server_args)))
+            print(
+                f"[echo-bench] {name}: drafter {env['SGLANG_ECHO_DRAFTER']}, "
+                f"calibration {env.get('SGLANG_ECHO_CALIBRATION', 'none (paper gates)')}",
+                flush=True,
+            )
+        self.opts = ServerOptions(
+            model_path=bench.model,
+            port=port,
+            spec=self.spec,
+            draft_path=head,
+            spec_options=knobs,
+            dtype=args.dtype,
+            max_running_requests=max_in_flight(bench),
+            max_total_tokens=args.max_total_tokens,
+            enable_metrics=True,
+            extra_env=tuple({step_times.ENV: "1", **env}.items()),
+            device=args.device,
+            load_format=args.load_format,
+            skip_tokenizer_init=args.token_shape is not None or args.sim is not None,
+            attention_backend=args.attention_backend,
+            extra_args=tuple(shlex.split(args.server_args)),
+        )
         self.static_shape = knobs if self.spec == "eagle3" else None  # sglang's static tree: depth, tokens known
         self.srv: Optional[SGLangServer] = None
 
@@ -182,8 +197,9 @@ def measure(bench: Bench, ep: Endpoint, level: Level, rep: int) -> Run:
     before = scrape_echo_metrics(ep.target.url) if ep.scrape else {}
     steps_before = settled_step_times(srv) if srv else None
     cpu0 = srv.cpu_seconds() if srv else 0.0
-    seconds, outs = run_level(lambda i: send(ep.target, items[i], budgets[i], args.stream, args.ignore_eos),
-                              n, level.concurrency, arrivals)
+    seconds, outs = run_level(
+        lambda i: send(ep.target, items[i], budgets[i], args.stream, args.ignore_eos), n, level.concurrency, arrivals
+    )
     cpu_s = srv.cpu_seconds() - cpu0 if srv else None
     after = scrape_echo_metrics(ep.target.url) if ep.scrape else {}
     level_steps = None if steps_before is None else step_times.delta(steps_before, settled_step_times(srv))
@@ -195,9 +211,25 @@ def measure(bench: Bench, ep: Endpoint, level: Level, rep: int) -> Run:
     depth, tokens = (ep.static_shape.num_steps, ep.static_shape.num_draft_tokens) if ep.static_shape else (None, None)
     per_request = [_record(o, item, depth) for o, item in zip(outs, items)]
     steps = sum(int(o.meta.get("spec_verify_ct", 0) or 0) for o in outs)
-    return Run(ep.name, level.concurrency, n, seconds, sum(o.completion_tokens for o in outs), steps, lossless,
-               srv.startup_seconds if srv else None, depth, per_request, echo_deltas(before, after), rep, cpu_s,
-               level_steps, tokens, level.rate, latency_summary(per_request, seconds))
+    return Run(
+        ep.name,
+        level.concurrency,
+        n,
+        seconds,
+        sum(o.completion_tokens for o in outs),
+        steps,
+        lossless,
+        srv.startup_seconds if srv else None,
+        depth,
+        per_request,
+        echo_deltas(before, after),
+        rep,
+        cpu_s,
+        level_steps,
+        tokens,
+        level.rate,
+        latency_summary(per_request, seconds),
+    )
 
 
 def _record(o: Outcome, item: PromptItem, nominal_depth: int | None) -> dict:

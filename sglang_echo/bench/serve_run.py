@@ -82,14 +82,28 @@ class Run:
         u = self.utilisation or {}
         e = self.echo or {}
         summary = self.latency or {}
-        lat = {f"{what}_{p}": (summary.get(what) or {}).get(p) for what in ("e2e", "ttft", "itl")
-               for p in ("p50", "p90", "p99")}
-        return {"config": self.config, "concurrency": self.concurrency, "request_rate": self.request_rate,
-                "tokens_per_s": self.tokens_per_s, "requests_per_s": self.requests_per_s, **lat,
-                "mat": self.mat, "yield": self.draft_yield, "u_median": u.get("median"), "u_q1": u.get("q1"),
-                "u_q3": u.get("q3"),
-                "verified_per_step": e.get("verified_per_step"), "k_max": e.get("k_max"),
-                "control_share": e.get("control_share"), "cpu_ms_per_token": self.cpu_ms_per_token}
+        lat = {
+            f"{what}_{p}": (summary.get(what) or {}).get(p)
+            for what in ("e2e", "ttft", "itl")
+            for p in ("p50", "p90", "p99")
+        }
+        return {
+            "config": self.config,
+            "concurrency": self.concurrency,
+            "request_rate": self.request_rate,
+            "tokens_per_s": self.tokens_per_s,
+            "requests_per_s": self.requests_per_s,
+            **lat,
+            "mat": self.mat,
+            "yield": self.draft_yield,
+            "u_median": u.get("median"),
+            "u_q1": u.get("q1"),
+            "u_q3": u.get("q3"),
+            "verified_per_step": e.get("verified_per_step"),
+            "k_max": e.get("k_max"),
+            "control_share": e.get("control_share"),
+            "cpu_ms_per_token": self.cpu_ms_per_token,
+        }
 
 
 @dataclass
@@ -110,8 +124,13 @@ def report_from_json(data: dict) -> Report:
 
 
 # -- per request: MAT, depth, utilisation -------------------------------------------------------
-def request_record(meta: dict, output_ids: list[int] | None, nominal_depth: int | None = None,
-                   dataset: str | None = None, seconds: float | None = None) -> dict:
+def request_record(
+    meta: dict,
+    output_ids: list[int] | None,
+    nominal_depth: int | None = None,
+    dataset: str | None = None,
+    seconds: float | None = None,
+) -> dict:
     """One request's figures from sglang's ``meta_info``.
 
     MAT = completion_tokens / spec_verify_ct (sglang's ``spec_accept_length``: bonus token
@@ -140,8 +159,15 @@ def request_record(meta: dict, output_ids: list[int] | None, nominal_depth: int 
         u = mat / depth if mat is not None and depth else None
     correct = meta.get("spec_num_correct_drafts")
     u_drafts = correct / (depth * steps) if correct is not None and depth and steps else None
-    rec = {"tokens": tokens, "verify_ct": steps, "mat": mat, "depth": depth, "u": u, "u_drafts": u_drafts,
-           "k_mean": meta.get("spec_cap_length")}
+    rec = {
+        "tokens": tokens,
+        "verify_ct": steps,
+        "mat": mat,
+        "depth": depth,
+        "u": u,
+        "u_drafts": u_drafts,
+        "k_mean": meta.get("spec_cap_length"),
+    }
     if depth_sum is not None:
         rec["depth_sum"] = depth_sum
     if dataset is not None:

@@ -9,7 +9,7 @@ import math
 import statistics
 from typing import Callable
 
-from .latency import percentiles, quartiles
+from .latency import quartiles
 from .serve_run import CONTROL_GOAL, Report, Run
 
 
@@ -83,20 +83,26 @@ def repeats_table(runs: list[Run]) -> list[str]:
     95% interval; the same for server CPU per token. ``none-twin`` (a second plain server) shows
     the interval that the host's noise alone gives."""
     out = []
-    for ratios, what in ((speedups(runs), "Speedup vs none (tokens/s)"),
-                         (cpu_savings(runs), "Server CPU per token, none's over the config's")):
+    for ratios, what in (
+        (speedups(runs), "Speedup vs none (tokens/s)"),
+        (cpu_savings(runs), "Server CPU per token, none's over the config's"),
+    ):
         if not any(len(v) > 1 for v in ratios.values()):
             continue
         out += ([""] if out else []) + [
             f"{what} per pass (the order alternates between passes), their median, minimum and geometric mean "
-            "with its 95% interval (Student's t on the log ratios):", "",
+            "with its 95% interval (Student's t on the log ratios):",
+            "",
             f"| config | {level_name(runs)} | per pass | median | min | geo mean | 95% interval |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for (name, c), rs in ratios.items():
             geo, lo, hi = ratio_interval(rs) if len(rs) > 1 else (rs[0], None, None)
             interval = f"{lo:.2f}-{hi:.2f}x" if lo is not None else "-"
-            out.append(f"| {name} | {c:g} | {' / '.join(f'{x:.2f}x' for x in rs)} | {statistics.median(rs):.2f}x | "
-                       f"{min(rs):.2f}x | {geo:.2f}x | {interval} |")
+            out.append(
+                f"| {name} | {c:g} | {' / '.join(f'{x:.2f}x' for x in rs)} | {statistics.median(rs):.2f}x | "
+                f"{min(rs):.2f}x | {geo:.2f}x | {interval} |"
+            )
     return out
 
 
@@ -106,12 +112,20 @@ def markdown(report: Report) -> str:
         f"Machine: {report.machine['platform']}, {report.machine['cpus']} CPUs. "
         f"Settings: {json.dumps(report.settings)}",
         *([f"Lossless check: {report.settings['lossless']}."] if report.settings.get("lossless") else []),
-        *([f"**{report.settings['simulated']['label'].capitalize()}** from {report.settings['simulated']['trace']}: "
-           "the speculative servers' accepted tokens are the recorded trace's, every cost is measured."]
-          if report.settings.get("simulated") else []),
+        *(
+            [
+                f"**{report.settings['simulated']['label'].capitalize()}** from "
+                f"{report.settings['simulated']['trace']}: "
+                "the speculative servers' accepted tokens are the recorded trace's, every cost is measured."
+            ]
+            if report.settings.get("simulated")
+            else []
+        ),
         "",
-        (f"| config | {level_name(report.runs)} | tokens/s | speedup vs none | MAT | lossless vs none | startup s | "
-         "server CPU ms/token | CPU per token, none / config | yield |"),
+        (
+            f"| config | {level_name(report.runs)} | tokens/s | speedup vs none | MAT | lossless vs none | startup s | "
+            "server CPU ms/token | CPU per token, none / config | yield |"
+        ),
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in report.runs:
@@ -121,11 +135,19 @@ def markdown(report: Report) -> str:
         startup = f"{r.startup_seconds:.0f}" if r.startup_seconds else "-"
         cpu = r.cpu_ms_per_token
         saving = f"{_tokens_per_cpu_s(r) / ref_cpu:.2f}x" if ref_cpu and cpu else "-"
-        lines.append(f"| {_label(r)} | {r.level:g} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | "
-                     f"{startup} | {_f(cpu, '.1f')} | {saving} | {_f(r.draft_yield, '.3f')} |")
-    for section in (latency_table(report.runs), repeats_table(report.runs), utilisation_table(report.runs),
-                    budget_table(report.runs),
-                    decisions_table(report.runs), step_table(report.runs), table1(report.runs)):
+        lines.append(
+            f"| {_label(r)} | {r.level:g} | {r.tokens_per_s:.2f} | {speed} | {mat} | {r.lossless} | "
+            f"{startup} | {_f(cpu, '.1f')} | {saving} | {_f(r.draft_yield, '.3f')} |"
+        )
+    for section in (
+        latency_table(report.runs),
+        repeats_table(report.runs),
+        utilisation_table(report.runs),
+        budget_table(report.runs),
+        decisions_table(report.runs),
+        step_table(report.runs),
+        table1(report.runs),
+    ):
         if section:
             lines += ["", *section]
     return "\n".join(lines) + "\n"
@@ -144,15 +166,20 @@ def latency_table(runs: list[Run]) -> list[str]:
     rows = [r for r in runs if r.latency]
     if not rows:
         return []
-    out = ["Requests and latency per level (p50 / p90 / p99; TTFT and ITL need streamed responses; ITL spreads a "
-           "chunk's gap over the tokens it brings):", "",
-           f"| config | {level_name(rows)} | requests | req/s | tokens/s | e2e s | TTFT ms | ITL ms |",
-           "|" + " --- |" * 8]
+    out = [
+        "Requests and latency per level (p50 / p90 / p99; TTFT and ITL need streamed responses; ITL spreads a "
+        "chunk's gap over the tokens it brings):",
+        "",
+        f"| config | {level_name(rows)} | requests | req/s | tokens/s | e2e s | TTFT ms | ITL ms |",
+        "|" + " --- |" * 8,
+    ]
     for r in rows:
         lat = r.latency
-        out.append(f"| {_label(r)} | {r.level:g} | {r.requests} | {r.requests_per_s:.2f} | {r.tokens_per_s:.2f} | "
-                   f"{_pcts(lat.get('e2e'), 1, '.2f')} | {_pcts(lat.get('ttft'), 1e3, '.0f')} | "
-                   f"{_pcts(lat.get('itl'), 1e3, '.1f')} |")
+        out.append(
+            f"| {_label(r)} | {r.level:g} | {r.requests} | {r.requests_per_s:.2f} | {r.tokens_per_s:.2f} | "
+            f"{_pcts(lat.get('e2e'), 1, '.2f')} | {_pcts(lat.get('ttft'), 1e3, '.0f')} | "
+            f"{_pcts(lat.get('itl'), 1e3, '.1f')} |"
+        )
     return out
 
 
@@ -162,15 +189,22 @@ def utilisation_table(runs: list[Run]) -> list[str]:
     rows = [r for r in runs if r.utilisation]
     if not rows:
         return []
-    out = [("Draft utilisation per request, u = MAT / depth over the steps that drafted (MAT includes the bonus "
-            "token; depth: ECHO's mean tree depth per step, root-only steps included, EAGLE-3's num_steps):"), "",
-           f"| config | {level_name(rows)} | requests | depth (median) | u median | u q1-q3 | u p5-p95 | u mean |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = [
+        (
+            "Draft utilisation per request, u = MAT / depth over the steps that drafted (MAT includes the bonus "
+            "token; depth: ECHO's mean tree depth per step, root-only steps included, EAGLE-3's num_steps):"
+        ),
+        "",
+        f"| config | {level_name(rows)} | requests | depth (median) | u median | u q1-q3 | u p5-p95 | u mean |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         u = r.utilisation
         depth = quartiles([x["depth"] for x in r.per_request if x.get("depth") is not None])
-        out.append(f"| {_label(r)} | {r.level:g} | {u['n']} | {_f(depth and depth['median'])} | {u['median']:.2f} | "
-                   f"{u['q1']:.2f}-{u['q3']:.2f} | {u['p5']:.2f}-{u['p95']:.2f} | {u['mean']:.2f} |")
+        out.append(
+            f"| {_label(r)} | {r.level:g} | {u['n']} | {_f(depth and depth['median'])} | {u['median']:.2f} | "
+            f"{u['q1']:.2f}-{u['q3']:.2f} | {u['p5']:.2f}-{u['p95']:.2f} | {u['mean']:.2f} |"
+        )
     return out
 
 
@@ -179,19 +213,28 @@ def budget_table(runs: list[Run]) -> list[str]:
     rows = [r for r in runs if r.echo]
     if not rows:
         return []
-    out = [(f"ECHO per step (from the echo_* counters; control = gating + scheduling + packing, goal <= "
-            f"{100 * CONTROL_GOAL:.0f}% of the step):"), "",
-           (f"| config | {level_name(rows)} | steps | verified tokens/step | max so far | K_max | mean cap | step ms | "
-            "control ms | control share | <= 3% |"),
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = [
+        (
+            f"ECHO per step (from the echo_* counters; control = gating + scheduling + packing, goal <= "
+            f"{100 * CONTROL_GOAL:.0f}% of the step):"
+        ),
+        "",
+        (
+            f"| config | {level_name(rows)} | steps | verified tokens/step | max so far | K_max | mean cap | step ms | "
+            "control ms | control share | <= 3% |"
+        ),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         e = r.echo
         share = e.get("control_share")
         ok = "-" if share is None else ("yes" if share <= CONTROL_GOAL else "no")
-        out.append(f"| {_label(r)} | {r.level:g} | {e['steps']:.0f} | {_f(e.get('verified_per_step'), '.1f')} | "
-                   f"{_f(e.get('step_verified_max'), '.0f')} | {_f(e.get('k_max'), '.0f')} | "
-                   f"{_f(e.get('cap_per_step'), '.1f')} | {_f(e.get('step_ms'))} | "
-                   f"{_f(e.get('control_ms'), '.3f')} | {_f(share and 100 * share, '.2f', '%')} | {ok} |")
+        out.append(
+            f"| {_label(r)} | {r.level:g} | {e['steps']:.0f} | {_f(e.get('verified_per_step'), '.1f')} | "
+            f"{_f(e.get('step_verified_max'), '.0f')} | {_f(e.get('k_max'), '.0f')} | "
+            f"{_f(e.get('cap_per_step'), '.1f')} | {_f(e.get('step_ms'))} | "
+            f"{_f(e.get('control_ms'), '.3f')} | {_f(share and 100 * share, '.2f', '%')} | {ok} |"
+        )
     return out
 
 
@@ -201,16 +244,21 @@ def decisions_table(runs: list[Run]) -> list[str]:
     rows = [r for r in runs if r.echo and r.echo.get("budget_decisions")]
     if not rows:
         return []
-    out = ["Cost budget's decisions per level (`echo_budget_steps_total{arm,reason}`; ms/step is the whole "
-           "step; share: of the level's ECHO step seconds):", "",
-           f"| config | {level_name(rows)} | decision | steps | seconds | ms/step | share |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+    out = [
+        "Cost budget's decisions per level (`echo_budget_steps_total{arm,reason}`; ms/step is the whole "
+        "step; share: of the level's ECHO step seconds):",
+        "",
+        f"| config | {level_name(rows)} | decision | steps | seconds | ms/step | share |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         total = sum(d["seconds"] for d in r.echo["budget_decisions"].values())
         for name, d in r.echo["budget_decisions"].items():
             share = _f(total and 100 * d["seconds"] / total, ".1f", "%")
-            out.append(f"| {_label(r)} | {r.level:g} | {name} | {d['steps']:.0f} | {d['seconds']:.2f} | "
-                       f"{1e3 * d['seconds'] / d['steps']:.1f} | {share} |")
+            out.append(
+                f"| {_label(r)} | {r.level:g} | {name} | {d['steps']:.0f} | {d['seconds']:.2f} | "
+                f"{1e3 * d['seconds'] / d['steps']:.1f} | {share} |"
+            )
     return out
 
 
@@ -244,14 +292,19 @@ def step_table(runs: list[Run]) -> list[str]:
     def vs_none(v: float | None, ref: float | None, r: Run) -> str:
         return f"{v / ref:.3f}x" if v and ref and r.config != "none" else "-"
 
-    out = ["Scheduler steps per level (server log, `SGLANG_ECHO_STEP_TIMES`; a decode step of a speculative "
-           "server is its whole draft-verify-extend step; its target forward is the target model's decode or "
-           "verify forward in it, the rest of the step is everything else; a prefill's rest is what it "
-           "spent beyond the target's forward):", "",
-           (f"| config | {level_name(rows)} | decode steps | decode s | mean decode batch | "
+    out = [
+        "Scheduler steps per level (server log, `SGLANG_ECHO_STEP_TIMES`; a decode step of a speculative "
+        "server is its whole draft-verify-extend step; its target forward is the target model's decode or "
+        "verify forward in it, the rest of the step is everything else; a prefill's rest is what it "
+        "spent beyond the target's forward):",
+        "",
+        (
+            f"| config | {level_name(rows)} | decode steps | decode s | mean decode batch | "
             "ms/step at batch = concurrency | "
-            "vs none | target forward ms | vs none | rest ms | prefill forwards | prefill s | prefill rest s |"),
-           "|" + " --- |" * 13]
+            "vs none | target forward ms | vs none | rest ms | prefill forwards | prefill s | prefill rest s |"
+        ),
+        "|" + " --- |" * 13,
+    ]
     for r in rows:
         dn, ds, db = _steps(r.step_times.get("decode", {}))
         pn, ps, _ = _steps(r.step_times.get("prefill", {}))
@@ -260,9 +313,11 @@ def step_table(runs: list[Run]) -> list[str]:
         full, fwd = _full_batch_ms(r), _full_batch_forward_ms(r)
         key = (r.repeat, r.level)
         rest = full - fwd if full is not None and fwd is not None else None
-        out.append(f"| {_label(r)} | {r.level:g} | {dn} | {ds:.1f} | {db:.1f} | {_f(full, '.1f')} | "
-                   f"{vs_none(full, base.get(key), r)} | {_f(fwd, '.1f')} | {vs_none(fwd, base_fwd.get(key), r)} | "
-                   f"{_f(rest, '.1f')} | {pn} | {ps:.1f} | {_f(prefill_rest, '.2f')} |")
+        out.append(
+            f"| {_label(r)} | {r.level:g} | {dn} | {ds:.1f} | {db:.1f} | {_f(full, '.1f')} | "
+            f"{vs_none(full, base.get(key), r)} | {_f(fwd, '.1f')} | {vs_none(fwd, base_fwd.get(key), r)} | "
+            f"{_f(rest, '.1f')} | {pn} | {ps:.1f} | {_f(prefill_rest, '.2f')} |"
+        )
     return out
 
 
@@ -286,9 +341,13 @@ def table1(runs: list[Run]) -> list[str]:
         return sum(x["tokens"] for x in xs) / sec if sec else None
 
     head = "| config | " + " | ".join(f"{s} MAT | {s} speedup" for s in sets) + " | avg speedup |"
-    out = [f"Per prompt set at {level_name(level)} {c:g} (ECHO Table 1's shape; speedup vs none from per-request "
-           "latency):", "",
-           head, "|" + " --- |" * (2 + 2 * len(sets))]
+    out = [
+        f"Per prompt set at {level_name(level)} {c:g} (ECHO Table 1's shape; speedup vs none from per-request "
+        "latency):",
+        "",
+        head,
+        "|" + " --- |" * (2 + 2 * len(sets)),
+    ]
     for r in level:
         base = next((b for b in level if b.config == "none" and b.repeat == r.repeat), None)
         cells, speeds = [], []

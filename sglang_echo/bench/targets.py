@@ -61,12 +61,16 @@ def parse_base_urls(text: str) -> list[tuple[str, str]]:
         name, sep, url = entry.partition("=")
         if not sep:
             if len(entries) > 1:
-                raise TargetError(f"--base-url {entry!r}: several servers need a name each, NAME=URL "
-                                  "(e.g. none=http://h:30000,echo=http://h:30001)")
+                raise TargetError(
+                    f"--base-url {entry!r}: several servers need a name each, NAME=URL "
+                    "(e.g. none=http://h:30000,echo=http://h:30001)"
+                )
             name, url = DEFAULT_NAME, entry
         if not _NAME.match(name):
-            raise TargetError(f"--base-url {entry!r}: the name before '=' labels the server's runs; use letters, "
-                              "digits, '.', '_' and '-'")
+            raise TargetError(
+                f"--base-url {entry!r}: the name before '=' labels the server's runs; use letters, "
+                "digits, '.', '_' and '-'"
+            )
         pairs.append((name, check_url(url, f"--base-url {name}" if sep else "--base-url")))
     names = [n for n, _ in pairs]
     if len(set(names)) != len(names):

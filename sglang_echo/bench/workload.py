@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 
 
-
 @dataclass(frozen=True)
 class PromptItem:
     """One prompt: its id and set, and either its text or its token ids."""

@@ -58,9 +58,11 @@ def install_line(archive: str) -> str:
     unpack, install the wheels, build sglang-echo editable with the bundle's build backend (pip's
     build isolation, offline), write the platform's ``.pth``. ``--no-deps`` everywhere: pip
     installs nothing but what is named."""
-    return (f"tar -xJf {archive} -C /tmp && python3 /tmp/{TOP}/install.py && "
-            f"python3 -m pip install -q --no-deps --no-index --find-links /tmp/{TOP}/build -e . && "
-            "python3 -m sglang_echo.platform.install")
+    return (
+        f"tar -xJf {archive} -C /tmp && python3 /tmp/{TOP}/install.py && "
+        f"python3 -m pip install -q --no-deps --no-index --find-links /tmp/{TOP}/build -e . && "
+        "python3 -m sglang_echo.platform.install"
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -91,13 +93,30 @@ def _stage(res: Resolution, folder: Path) -> tuple[dict[str, Path], Optional[Sli
 
 
 def _rows(res: Resolution, files: dict[str, Path]) -> list[dict]:
-    return [{"file": files[w.name].name, "name": w.name, "version": w.version, "size": files[w.name].stat().st_size,
-             "sha256": _sha256(files[w.name]), "source_sha256": _sha256(w.path), "pth": _ships_pth(files[w.name]),
-             "why": want.why} for w, want in res.carried]
+    return [
+        {
+            "file": files[w.name].name,
+            "name": w.name,
+            "version": w.version,
+            "size": files[w.name].stat().st_size,
+            "sha256": _sha256(files[w.name]),
+            "source_sha256": _sha256(w.path),
+            "pth": _ships_pth(files[w.name]),
+            "why": want.why,
+        }
+        for w, want in res.carried
+    ]
 
 
-def _manifest(spec: BundleSpec, res: Resolution, build: Resolution, files: dict[str, Path],
-              build_files: dict[str, Path], slim: SlimReport, archive: str) -> dict:
+def _manifest(
+    spec: BundleSpec,
+    res: Resolution,
+    build: Resolution,
+    files: dict[str, Path],
+    build_files: dict[str, Path],
+    slim: SlimReport,
+    archive: str,
+) -> dict:
     return {
         "schema": SCHEMA,
         "built_by": "echo-bundle",
@@ -105,15 +124,21 @@ def _manifest(spec: BundleSpec, res: Resolution, build: Resolution, files: dict[
         "sglang": SGLANG_VERSION,
         "host_packages": spec.host.source,
         "note": "third-party wheels only: sglang-echo installs from its repository (pip install --no-deps -e .), "
-                "built with build_wheels (never installed into the environment)",
+        "built with build_wheels (never installed into the environment)",
         "install": install_line(archive),
         "wheels": _rows(res, files),
         "build_wheels": _rows(build, build_files),
         "unpacked_bytes": sum(p.stat().st_size for p in (*files.values(), *build_files.values())),
-        "slimmed": {"wheel": slim.wheel, "removed_files": slim.removed_files, "removed_bytes": slim.removed_bytes,
-                    "rules": [{"pattern": r.pattern, "files": n, "why": r.why} for r, n in slim.per_rule]},
-        "host": [{"name": h.name, "wanted": h.specifier, "host_version": h.version, "status": h.status,
-                  "why": list(h.why)} for h in res.host],
+        "slimmed": {
+            "wheel": slim.wheel,
+            "removed_files": slim.removed_files,
+            "removed_bytes": slim.removed_bytes,
+            "rules": [{"pattern": r.pattern, "files": n, "why": r.why} for r, n in slim.per_rule],
+        },
+        "host": [
+            {"name": h.name, "wanted": h.specifier, "host_version": h.version, "status": h.status, "why": list(h.why)}
+            for h in res.host
+        ],
         "dropped": [{"requirement": d.requirement, "why": d.why} for d in res.dropped],
     }
 
@@ -149,8 +174,10 @@ def build_bundle(spec: BundleSpec, archive_display: Optional[str] = None) -> Bui
         _write_archive(work / TOP, archive)
         size = archive.stat().st_size
         if size > spec.max_mib * 2**20:
-            raise BundleError(f"the bundle is {size / 2**20:.1f} MiB ({size} bytes), over --max-mib "
-                              f"{spec.max_mib:g}; nothing written (largest wheels: {_largest(manifest)})")
+            raise BundleError(
+                f"the bundle is {size / 2**20:.1f} MiB ({size} bytes), over --max-mib "
+                f"{spec.max_mib:g}; nothing written (largest wheels: {_largest(manifest)})"
+            )
         manifest["archive"] = {"file": ARCHIVE, "bytes": size, "sha256": _sha256(archive)}
         spec.out.mkdir(parents=True, exist_ok=True)
         shutil.move(archive, spec.out / ARCHIVE)

@@ -53,13 +53,25 @@ class PipFetcher:
         dest = self.workdir / f"round-{self.calls}"
         dest.mkdir(parents=True)
         source = ["--no-index", "--find-links", str(self.find_links)] if self.find_links else []
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", *source, *self.target.pip_args(),
-               "-d", str(dest), *(f"{name}{spec}" for name, spec in sorted(wanted.items()))]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "-q",
+            *source,
+            *self.target.pip_args(),
+            "-d",
+            str(dest),
+            *(f"{name}{spec}" for name, spec in sorted(wanted.items())),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=_pip_env(self.find_links is not None))
         if proc.returncode != 0:
             where = self.find_links or "the index"
-            raise BundleError(f"pip download from {where} for {self.target.abi} {self.target.platforms[0]}: "
-                              f"{_pip_error(proc.stderr)}")
+            raise BundleError(
+                f"pip download from {where} for {self.target.abi} {self.target.platforms[0]}: {_pip_error(proc.stderr)}"
+            )
         got = {project_of(p): p for p in dest.glob("*.whl")}
         if wanted.keys() - got.keys():
             raise BundleError(f"pip download returned no wheel for {sorted(wanted.keys() - got.keys())}")

@@ -62,8 +62,19 @@ def main(argv: list[str] | None = None) -> int:
     skipped = sorted(f"{n} {before[n]}" for n in wheels.values() if n in before)
     todo = [str(here / "wheels" / f) for f, n in sorted(wheels.items()) if n not in before]
     where = str(args.target) if args.target else sysconfig.get_paths()["purelib"]
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--no-deps",
-           "--no-compile", *(["--target", where] if args.target else []), *todo]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        *(["--target", where] if args.target else []),
+        *todo,
+    ]
     if todo and subprocess.call(cmd) != 0:
         return _fail(1, "pip install failed (its error is above)")
     after = _installed()
@@ -71,9 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     if changed:
         return _fail(1, f"the host's {', '.join(changed)} changed; it must stay the host's")
     kept = ", ".join(f"{n} {before[n]}" for n in GUARDED if n in before)
-    print(f"echo-bundle: installed {len(todo)} wheels into {where}; "
-          + (f"kept the host's {kept}" if kept else "this interpreter has no torch, triton or transformers")
-          + (f"; skipped (already there): {', '.join(skipped)}" if skipped else ""))
+    print(
+        f"echo-bundle: installed {len(todo)} wheels into {where}; "
+        + (f"kept the host's {kept}" if kept else "this interpreter has no torch, triton or transformers")
+        + (f"; skipped (already there): {', '.join(skipped)}" if skipped else "")
+    )
     pth = [w["file"] for w in manifest["wheels"] if w.get("pth")]
     if args.target:
         unrun = f" (not run from there: the .pth of {pth})" if pth else ""

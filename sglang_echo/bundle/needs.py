@@ -83,9 +83,11 @@ class Needs:
 
     def roots(self) -> list[tuple[Requirement, str]]:
         """(requirement, why) for sglang itself, the runtime file's packages and ``--extra``'s."""
-        return [(Requirement(f"{SGLANG}=={SGLANG_VERSION}"), "the server (sglang-echo is an sglang plugin)"),
-                *((r, f"{self.runtime_source}: {r}") for r in self.runtime),
-                *((r, f"--extra {r}") for r in self.extras)]
+        return [
+            (Requirement(f"{SGLANG}=={SGLANG_VERSION}"), "the server (sglang-echo is an sglang plugin)"),
+            *((r, f"{self.runtime_source}: {r}") for r in self.runtime),
+            *((r, f"--extra {r}") for r in self.extras),
+        ]
 
     def drop_reason(self, parent: str, req: Requirement) -> Optional[str]:
         """Why a requirement of ``parent`` is not followed (None: it is). Only sglang's are dropped, and

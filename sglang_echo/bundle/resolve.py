@@ -96,8 +96,9 @@ def _carried(name: str, host: HostPackages) -> bool:
     return name not in HOST_ONLY and not host.has(name)
 
 
-def _walk(needs: Graph, host: HostPackages, target: Target,
-          picked: dict[str, WheelInfo]) -> tuple[dict[str, Want], dict[str, Dropped]]:
+def _walk(
+    needs: Graph, host: HostPackages, target: Target, picked: dict[str, WheelInfo]
+) -> tuple[dict[str, Want], dict[str, Dropped]]:
     wants: dict[str, Want] = {}
     dropped: dict[str, Dropped] = {}
     expanded: dict[str, frozenset[str]] = {}
@@ -142,18 +143,25 @@ def resolve(needs: Graph, host: HostPackages, target: Target, fetch: Fetch) -> R
     for _ in range(MAX_ROUNDS):
         wants, dropped = _walk(needs, host, target, picked)
         specs = {n: w.specifier & needs.constraint(n) for n, w in wants.items() if _carried(n, host)}
-        stale = {n: s for n, s in specs.items()
-                 if n not in picked or not s.contains(picked[n].version, prereleases=True)}
+        stale = {
+            n: s for n, s in specs.items() if n not in picked or not s.contains(picked[n].version, prereleases=True)
+        }
         if not stale:
             carried = tuple((picked[n], wants[n]) for n in sorted(specs))
-            kept = tuple(HostUse(n, str(w.specifier), host.version(n), host.has(n), tuple(w.why))
-                         for n, w in sorted(wants.items()) if n not in specs)
+            kept = tuple(
+                HostUse(n, str(w.specifier), host.version(n), host.has(n), tuple(w.why))
+                for n, w in sorted(wants.items())
+                if n not in specs
+            )
             return Resolution(carried, kept, tuple(dropped.values()))
         try:
             fetched = fetch(stale)
         except BundleError as e:
-            asked = [f"{n}{s} (wanted by {'; '.join(wants[n].why)})" for n, s in sorted(stale.items())
-                     if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", str(e), re.IGNORECASE)]
+            asked = [
+                f"{n}{s} (wanted by {'; '.join(wants[n].why)})"
+                for n, s in sorted(stale.items())
+                if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", str(e), re.IGNORECASE)
+            ]
             raise BundleError(f"{e}{' -- ' + ', '.join(asked) if asked else ''}") from None
         for name, path in fetched.items():
             picked[name] = read_wheel(path)

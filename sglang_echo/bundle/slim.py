@@ -25,12 +25,18 @@ class SlimRule:
 
 
 SGLANG_RULES = (
-    SlimRule("sglang/multimodal_gen/*", "diffusion serving: `sglang generate` and diffusion model paths only; "
-             "the LLM server's probes for it (sglang/cli/utils.py) treat an ImportError as 'not diffusion'"),
+    SlimRule(
+        "sglang/multimodal_gen/*",
+        "diffusion serving: `sglang generate` and diffusion model paths only; "
+        "the LLM server's probes for it (sglang/cli/utils.py) treat an ImportError as 'not diffusion'",
+    ),
     SlimRule("sglang/test/*", "sglang's own test kit: the server imports it only under SGLANG_TEST_SCRIPTED_RUNTIME"),
-    SlimRule("sglang/*.so", "compiled Rust extensions (gRPC server, Rust HTTP server, multimodal transport, "
-             "bench client, Rust radix tree): used only when their flags ask for them, and without the "
-             "radix-tree extension sglang selects the Python TreeCore"),
+    SlimRule(
+        "sglang/*.so",
+        "compiled Rust extensions (gRPC server, Rust HTTP server, multimodal transport, "
+        "bench client, Rust radix tree): used only when their flags ask for them, and without the "
+        "radix-tree extension sglang selects the Python TreeCore",
+    ),
 )
 
 

@@ -70,16 +70,30 @@ class Target:
     def pip_args(self) -> list[str]:
         """``pip download`` flags that select this host's binary wheels (never an sdist)."""
         tags = list(dict.fromkeys(t for p in self.platforms for t in _expand(p)))
-        return ["--only-binary=:all:", "--python-version", self.python_minor, "--implementation", "cp",
-                *(a for t in tags for a in ("--platform", t))]
+        return [
+            "--only-binary=:all:",
+            "--python-version",
+            self.python_minor,
+            "--implementation",
+            "cp",
+            *(a for t in tags for a in ("--platform", t)),
+        ]
 
     def marker_env(self, extra: str = "") -> dict[str, str]:
         full = self.python if self.python.count(".") == 2 else self.python + ".0"
         return {
-            "python_version": self.python_minor, "python_full_version": full, "implementation_version": full,
-            "implementation_name": "cpython", "platform_python_implementation": "CPython",
-            "os_name": "posix", "sys_platform": "linux", "platform_system": "Linux",
-            "platform_machine": self.machine, "platform_release": "", "platform_version": "", "extra": extra,
+            "python_version": self.python_minor,
+            "python_full_version": full,
+            "implementation_version": full,
+            "implementation_name": "cpython",
+            "platform_python_implementation": "CPython",
+            "os_name": "posix",
+            "sys_platform": "linux",
+            "platform_system": "Linux",
+            "platform_machine": self.machine,
+            "platform_release": "",
+            "platform_version": "",
+            "extra": extra,
         }
 
     def applies(self, req: Requirement, extras: frozenset[str] = frozenset()) -> bool:

@@ -74,8 +74,7 @@ def read_wheel(path: Path) -> WheelInfo:
 def read_members(path: Path) -> list[Member]:
     """Every file of a wheel, in archive order, with its Unix mode."""
     with zipfile.ZipFile(path) as zf:
-        return [Member(i.filename, zf.read(i), i.external_attr >> 16)
-                for i in zf.infolist() if not i.is_dir()]
+        return [Member(i.filename, zf.read(i), i.external_attr >> 16) for i in zf.infolist() if not i.is_dir()]
 
 
 def _record_hash(data: bytes) -> str:

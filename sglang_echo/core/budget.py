@@ -247,18 +247,30 @@ class CostModelBudget:
     they verified in order (overlap scheduling reports them one step late).
     """
 
-    def __init__(self, k_max: int | KMax, max_depth: int, *, padded_width: Optional[int] = None,
-                 warmup: int = 16, explore_every: int = 64, explore_backoff: int = 16, plain_every: int = 16,
-                 decay: float = 0.98, free_share: float = 0.02) -> None:
+    def __init__(
+        self,
+        k_max: int | KMax,
+        max_depth: int,
+        *,
+        padded_width: Optional[int] = None,
+        warmup: int = 16,
+        explore_every: int = 64,
+        explore_backoff: int = 16,
+        plain_every: int = 16,
+        decay: float = 0.98,
+        free_share: float = 0.02,
+    ) -> None:
         """``k_max``: the ceiling of every step's cap, fixed or growing with the batch (:class:`KMax`)."""
         ceiling = k_max if isinstance(k_max, KMax) else None
         if ceiling is None and (isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1):
             raise ValueError(f"need k_max >= 1, got k_max={k_max}")
         if max_depth < 0 or warmup < 0 or explore_every < 2 or explore_backoff < 1 or plain_every < 2:
-            raise ValueError(f"need max_depth >= 0, warmup >= 0, explore_every >= 2, explore_backoff >= 1, "
-                             f"plain_every >= 2; got max_depth={max_depth} warmup={warmup} "
-                             f"explore_every={explore_every} explore_backoff={explore_backoff} "
-                             f"plain_every={plain_every}")
+            raise ValueError(
+                f"need max_depth >= 0, warmup >= 0, explore_every >= 2, explore_backoff >= 1, "
+                f"plain_every >= 2; got max_depth={max_depth} warmup={warmup} "
+                f"explore_every={explore_every} explore_backoff={explore_backoff} "
+                f"plain_every={plain_every}"
+            )
         self.k_max, self.max_depth = ceiling or KMax(k_max), max_depth
         self.padded_width = padded_width  # None: ragged verify (the target computes sum K_i tokens)
         self.warmup, self.explore_every, self.plain_every, self.decay = warmup, explore_every, plain_every, decay
@@ -312,8 +324,11 @@ class CostModelBudget:
         return self._seconds(batch_size, self.spent(depth))
 
     def _seconds(self, B: int, drafted: float) -> float:
-        return (self.verify.predict(self.target_tokens(B * (1 + drafted), B))
-                + self.draft_forwards(drafted) * self.draft.predict(B) + self.rest.predict(B))
+        return (
+            self.verify.predict(self.target_tokens(B * (1 + drafted), B))
+            + self.draft_forwards(drafted) * self.draft.predict(B)
+            + self.rest.predict(B)
+        )
 
     def best_depth(self, batch_size: int) -> int:
         """D*: the tokens per request to allow with the highest expected tokens per second."""
@@ -337,8 +352,7 @@ class CostModelBudget:
         self._arm, self._reason = "draft", "warmup"  # warm-up and explorations draft at K_max: drafting samples
         # Both wait for a batch with room for a draft per request: with less they measure little,
         # and still pay the lazy extend's catch-up for every request (B x its backlog pairs).
-        explore = None if 2 * B > k_max else self._exploring.setdefault(half_octave(B),
-                                                                       Exploring(self.explore_every))
+        explore = None if 2 * B > k_max else self._exploring.setdefault(half_octave(B), Exploring(self.explore_every))
         if explore is not None:
             explore.since += 1
             if self.spec_steps < self.warmup:
@@ -388,9 +402,18 @@ class CostModelBudget:
             every = min(every, 4)
         return self.steps % every == every // 2
 
-    def observe_step(self, *, batch_size: int, target_tokens: int, verified_tokens: int, draft_forwards: int,
-                     draft_s: float, verify_s: float, step_s: float,
-                     cap: Optional[int] = None) -> Optional[tuple[str, str]]:
+    def observe_step(
+        self,
+        *,
+        batch_size: int,
+        target_tokens: int,
+        verified_tokens: int,
+        draft_forwards: int,
+        draft_s: float,
+        verify_s: float,
+        step_s: float,
+        cap: Optional[int] = None,
+    ) -> Optional[tuple[str, str]]:
         """One decode step: its size, the tokens it verified (sum K_i, roots included), wall
         seconds by phase (``draft_s``: drafting and control; ``step_s``: the whole step), and
         the cap it was given (None: not known, ``S`` is not measured).

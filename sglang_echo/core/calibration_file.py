@@ -164,8 +164,9 @@ def load_calibration(
             auc_min=float(raw.get("auc_min", 0.7)),
             probe=dict(raw.get("probe", {})),
             k_max=None if raw.get("k_max") is None else int(raw["k_max"]),
-            device=None if raw.get("device") is None else {"kind": str(raw["device"]["kind"]),
-                                                           "name": str(raw["device"]["name"])},
+            device=None
+            if raw.get("device") is None
+            else {"kind": str(raw["device"]["kind"]), "name": str(raw["device"]["name"])},
             created=str(raw.get("created", "")),
         )
     except (KeyError, TypeError, ValueError, IndexError) as e:
@@ -175,9 +176,12 @@ def load_calibration(
     _require(set(calib.sweet_spots) <= known, p, f"sweet spots {calib.sweet_spots} lack rows in 'depths'")
     _require(all(0.0 <= r.threshold <= 1.0 for r in depths), p, "thresholds are probabilities in [0, 1]")
     got_kind = calib.drafter.get("kind")
-    _require(drafter_kind is None or drafter_kind == got_kind, p,
-             f"made for the {got_kind!r} drafter, the server drafts with {drafter_kind!r}; "
-             f"re-run echo-calibrate --drafter {drafter_kind}")
+    _require(
+        drafter_kind is None or drafter_kind == got_kind,
+        p,
+        f"made for the {got_kind!r} drafter, the server drafts with {drafter_kind!r}; "
+        f"re-run echo-calibrate --drafter {drafter_kind}",
+    )
     for what, expected, got in (
         ("model", model_fingerprint, calib.model.get("fingerprint")),
         ("drafter", drafter_fingerprint, calib.drafter.get("fingerprint")),

@@ -23,7 +23,6 @@ from torch import Tensor
 from .pack import PaddedTrees, child_links, pad_trees
 from .tree import DraftTrees
 
-
 # The attribute of a verify input (sglang's spec_info) that asks the target for ragged verify:
 # [bs] int32 K_i, each request's real tree nodes (slots [0, K_i) of its W). The ECHO workers set it
 # (integration/ragged.py); the attention backends that verify ragged trees read it (echo_torch on the
@@ -117,8 +116,12 @@ def full_mask_cells(prefix_lens: Tensor, num_draft: int, width: int | None = Non
     starts = torch.cumsum(row_len * n, 0) - row_len * n
     rows = torch.arange(n, device=prefix.device)
     cols = torch.arange(width, device=prefix.device)
-    return (starts[:, None, None] + rows[None, :, None] * row_len[:, None, None]
-            + prefix[:, None, None] + cols[None, None, :])
+    return (
+        starts[:, None, None]
+        + rows[None, :, None] * row_len[:, None, None]
+        + prefix[:, None, None]
+        + cols[None, None, :]
+    )
 
 
 def full_prefix_rows(mask: Tensor, seq_lens: Tensor) -> Tensor:

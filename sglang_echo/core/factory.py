@@ -12,6 +12,7 @@ from .gating import GatingConfig
 from .policy import TreePolicy
 from .scheduler import KERNELS, ControlKernel, ElasticConfig, ElasticPolicy, FusedControl
 
+
 class Policy(StrEnum):
     """Every tree policy by name (members compare equal to their names)."""
 
@@ -57,8 +58,10 @@ def make_policy(
     if config.control_kernel not in KERNELS:
         raise ValueError(f"unknown control kernel {config.control_kernel!r}; choose one of {', '.join(KERNELS)}")
     if config.control_kernel == ControlKernel.TRITON and fused is None:
-        raise ValueError("control_kernel 'triton' runs the kernels handed in: make_policy(..., "
-                         "fused=sglang_echo.kernels.control.TRITON)")
+        raise ValueError(
+            "control_kernel 'triton' runs the kernels handed in: make_policy(..., "
+            "fused=sglang_echo.kernels.control.TRITON)"
+        )
     fused = fused if config.control_kernel == ControlKernel.TRITON else None
     if name == "ar":
         return Autoregressive()

@@ -61,9 +61,19 @@ Pad = Callable[[NodePool, Tensor, int], PaddedTrees]
 class GraphedTreeBuilder:
     """``build_trees`` + ``pad_trees`` for a fixed batch size, the policy's work as CUDA graphs."""
 
-    def __init__(self, policy: TreePolicy, drafter: TreeDrafter, batch_size: int, width: int,
-                 device: torch.device | str = "cuda", finish: Optional[Finish] = None, graphs: Optional[bool] = None,
-                 stop_early: bool = True, compile: Optional[str] = None, pad: Pad = pad_pool):
+    def __init__(
+        self,
+        policy: TreePolicy,
+        drafter: TreeDrafter,
+        batch_size: int,
+        width: int,
+        device: torch.device | str = "cuda",
+        finish: Optional[Finish] = None,
+        graphs: Optional[bool] = None,
+        stop_early: bool = True,
+        compile: Optional[str] = None,
+        pad: Pad = pad_pool,
+    ):
         if type(policy).finish is not TreePolicy.finish:
             raise TypeError(f"{type(policy).__name__} overrides finish(); graphs need its choices in select()")
         self.policy, self.drafter, self.width, self.finish, self.pad = policy, drafter, width, finish, pad
@@ -147,8 +157,10 @@ class GraphedTreeBuilder:
         for f in fields(Candidates):
             src, dst = getattr(cands, f.name), getattr(self._cands[d], f.name)
             if (src is None) != (dst is None) or (src is not None and src.shape != dst.shape):
-                raise ValueError(f"depth {d}: the drafter's {f.name} changed shape since capture "
-                                 f"({None if dst is None else tuple(dst.shape)} -> {None if src is None else tuple(src.shape)})")
+                raise ValueError(
+                    f"depth {d}: the drafter's {f.name} changed shape since capture "
+                    f"({None if dst is None else tuple(dst.shape)} -> {None if src is None else tuple(src.shape)})"
+                )
             if src is not None:
                 dsts.append(dst)
                 srcs.append(src.to(dst.dtype))
@@ -186,7 +198,9 @@ class GraphedTreeBuilder:
 
 
 def _buffer_like(cands: Candidates) -> Candidates:
-    return Candidates(**{f.name: None if (t := getattr(cands, f.name)) is None else t.clone() for f in fields(Candidates)})
+    return Candidates(
+        **{f.name: None if (t := getattr(cands, f.name)) is None else t.clone() for f in fields(Candidates)}
+    )
 
 
 def _recompiles(compile: Optional[str], stages: int):
@@ -194,5 +208,7 @@ def _recompiles(compile: Optional[str], stages: int):
     each depth (and each builder) is a recompile of it as far as torch.compile counts."""
     if not compile:
         return contextlib.nullcontext()
-    return torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 8 * stages),
-                                      accumulated_recompile_limit=max(torch._dynamo.config.accumulated_recompile_limit, 64 * stages))
+    return torch._dynamo.config.patch(
+        recompile_limit=max(torch._dynamo.config.recompile_limit, 8 * stages),
+        accumulated_recompile_limit=max(torch._dynamo.config.accumulated_recompile_limit, 64 * stages),
+    )

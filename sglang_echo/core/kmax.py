@@ -91,8 +91,9 @@ CPU_DEFAULT = KMax(64, 0.0, "default for CPUs")
 GPU_DEFAULT = KMax(256, 1.0, "default for GPUs")
 
 
-def resolve_kmax(configured: Optional[int], device: Device, measured: Optional[int] = None,
-                 measured_on: Optional[Device] = None) -> tuple[KMax, Optional[str]]:
+def resolve_kmax(
+    configured: Optional[int], device: Device, measured: Optional[int] = None, measured_on: Optional[Device] = None
+) -> tuple[KMax, Optional[str]]:
     """The server's cap and, when a measured one was set aside, why (for the log).
 
     A ``configured`` cap (an explicit setting) is used as is, fixed (the paper's Eq. 4). Else a
@@ -106,6 +107,8 @@ def resolve_kmax(configured: Optional[int], device: Device, measured: Optional[i
         return default, None
     if measured_on != device:
         where = measured_on.describe() if measured_on else "an unrecorded device"
-        return default, (f"the calibration's K_max {measured} was measured on {where}, not on this "
-                         f"{device.describe()}: using the {default.source}")
+        return default, (
+            f"the calibration's K_max {measured} was measured on {where}, not on this "
+            f"{device.describe()}: using the {default.source}"
+        )
     return KMax(measured, default.per_request, f"measured on this {device.kind} by the calibration"), None

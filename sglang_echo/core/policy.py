@@ -83,8 +83,14 @@ class BuildState:
             safe, empty = slots.clamp(min=0), slots < 0
             tokens = self.pool.tokens.gather(1, safe).masked_fill(empty, 0)
             path_score = self.pool.score.gather(1, safe).masked_fill(empty, float("-inf"))
-        return Frontier(depth=self.depth, slots=slots, source=self.frontier_source, tokens=tokens,
-                        path_score=path_score, active=self.active)
+        return Frontier(
+            depth=self.depth,
+            slots=slots,
+            source=self.frontier_source,
+            tokens=tokens,
+            path_score=path_score,
+            active=self.active,
+        )
 
     def set_frontier(self, slots: Tensor, source: Tensor, values: Optional[tuple[Tensor, Tensor]] = None) -> None:
         """``values``: the frontier's (tokens, path scores), 0 and -inf where empty, if known."""
@@ -129,8 +135,9 @@ class TreePolicy(ABC):
         return state.pool.compact()
 
 
-def build_trees(policy: TreePolicy, drafter: TreeDrafter, roots: Tensor,
-                k_max: int | None = None) -> tuple[DraftTrees, BuildState]:
+def build_trees(
+    policy: TreePolicy, drafter: TreeDrafter, roots: Tensor, k_max: int | None = None
+) -> tuple[DraftTrees, BuildState]:
     """Run one step's draft-and-schedule loop (see the module docstring).
 
     ``k_max``: this step's verification cap, roots included, in place of the policy's own (a

@@ -78,8 +78,9 @@ class ElasticPolicy(TreePolicy):
 
     budgeted = True
 
-    def __init__(self, config: ElasticConfig, gating: GatingConfig, name: str = "echo",
-                 fused: FusedControl | None = None):
+    def __init__(
+        self, config: ElasticConfig, gating: GatingConfig, name: str = "echo", fused: FusedControl | None = None
+    ):
         """``fused``: run each depth and Priority 2 as the given fused programs (the same trees)."""
         self.config, self.gating, self.name, self.fused = config, gating, name, fused
         self.kernel = ControlKernel.TORCH if fused is None else ControlKernel.TRITON
@@ -150,9 +151,20 @@ class ElasticPolicy(TreePolicy):
         """``advance`` as one fused program (the same steps, Alg. 1 lines 5-15)."""
         d, cfg = state.depth + 1, self.config
         slots, source, tokens, path_score, state.active, state.budget = self.fused.depth(
-            state.pool, cands, state.frontier_slots, state.active, state.budget, state.extra,
-            state.gate_evaluated, state.gate_passed, depth=d, tau=self._tau[d], gated=self._gated[d],
-            w_def=cfg.w_def, w_max=cfg.w_max)
+            state.pool,
+            cands,
+            state.frontier_slots,
+            state.active,
+            state.budget,
+            state.extra,
+            state.gate_evaluated,
+            state.gate_passed,
+            depth=d,
+            tau=self._tau[d],
+            gated=self._gated[d],
+            w_def=cfg.w_def,
+            w_max=cfg.w_max,
+        )
         state.set_frontier(slots, source, (tokens, path_score))
         state.depth = d
 

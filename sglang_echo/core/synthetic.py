@@ -35,8 +35,15 @@ class SyntheticWorld:
     """``B`` requests over a ``vocab``-token vocabulary; ``ease[b]`` in (0, 1) sets how often the
     drafter's top-1 matches the target for request b (decaying with depth)."""
 
-    def __init__(self, batch_size: int, vocab: int = 1000, seed: int = 0, ease: Tensor | None = None, decay: float = 0.9,
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        batch_size: int,
+        vocab: int = 1000,
+        seed: int = 0,
+        ease: Tensor | None = None,
+        decay: float = 0.9,
+        device: torch.device | str = "cpu",
+    ):
         g = torch.Generator().manual_seed(seed)  # drawn on the CPU: the same world on every device
         self.vocab, self.decay, self.device = vocab, decay, torch.device(device)
         self.req_key = torch.randint(1, _MASK, (batch_size,), generator=g).to(self.device)

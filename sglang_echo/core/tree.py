@@ -58,7 +58,9 @@ class DraftTrees:
     def request_of_node(self) -> Tensor:
         """[N] request of every node (a cumulative count of request starts; cached)."""
         starts = torch.zeros(self.num_nodes + 1, dtype=torch.int64, device=self.indptr.device)
-        starts.index_add_(0, self.indptr[1:-1], torch.ones(self.batch_size - 1, dtype=torch.int64, device=starts.device))
+        starts.index_add_(
+            0, self.indptr[1:-1], torch.ones(self.batch_size - 1, dtype=torch.int64, device=starts.device)
+        )
         return starts[:-1].cumsum(0)
 
     @cached_property
@@ -79,7 +81,9 @@ class DraftTrees:
     def request(self, i: int) -> "DraftTrees":
         """Request ``i`` alone, as a batch of one (for debugging and reference checks)."""
         lo, hi = int(self.indptr[i]), int(self.indptr[i + 1])
-        per_node = {f.name: getattr(self, f.name)[lo:hi] for f in fields(self) if f.name not in ("indptr", "proposal_dists")}
+        per_node = {
+            f.name: getattr(self, f.name)[lo:hi] for f in fields(self) if f.name not in ("indptr", "proposal_dists")
+        }
         return replace(self, indptr=torch.tensor([0, hi - lo], device=self.indptr.device), **per_node)
 
 
@@ -110,8 +114,17 @@ class NodePool:
     """
 
     # Every field and its root column (slot 0 of each request).
-    ROOT = dict(tokens=None, parent=-1, depth=0, logprob=0.0, score=0.0, drafter=0, proposal=DETERMINISTIC,
-                valid=True, keep=True)
+    ROOT = dict(
+        tokens=None,
+        parent=-1,
+        depth=0,
+        logprob=0.0,
+        score=0.0,
+        drafter=0,
+        proposal=DETERMINISTIC,
+        valid=True,
+        keep=True,
+    )
     FIELDS = tuple(ROOT)
     _DTYPES = dict(logprob=torch.float32, score=torch.float32, valid=torch.bool, keep=torch.bool)
 
@@ -122,8 +135,9 @@ class NodePool:
         self.batch_size = B
         self._preallocated = capacity is not None
         # Columns past the root are written by append/reserve's caller before they are viewed.
-        self._store = {f: torch.empty(B, capacity or 1, dtype=self._DTYPES.get(f, torch.int64), device=dev)
-                       for f in self.FIELDS}
+        self._store = {
+            f: torch.empty(B, capacity or 1, dtype=self._DTYPES.get(f, torch.int64), device=dev) for f in self.FIELDS
+        }
         for f, value in self.ROOT.items():
             self._store[f][:, 0] = roots.reshape(B) if value is None else value
         self._view(1)
@@ -165,10 +179,17 @@ class NodePool:
             self._dists.append(cands.proposal_dists)
             self._num_dists += cands.proposal_dists.shape[0]
         drafter = cands.drafter if cands.drafter is not None else torch.zeros_like(cands.tokens)
-        new = dict(tokens=cands.tokens.long(), parent=parent_slot,
-                   depth=torch.full_like(cands.tokens, depth, dtype=torch.int64), logprob=cands.logprob.float(),
-                   score=score.float(), drafter=drafter.long(), proposal=proposal.long(), valid=valid,
-                   keep=torch.zeros_like(valid))
+        new = dict(
+            tokens=cands.tokens.long(),
+            parent=parent_slot,
+            depth=torch.full_like(cands.tokens, depth, dtype=torch.int64),
+            logprob=cands.logprob.float(),
+            score=score.float(),
+            drafter=drafter.long(),
+            proposal=proposal.long(),
+            valid=valid,
+            keep=torch.zeros_like(valid),
+        )
         if self._preallocated:
             start = self.reserve(C)
             for f, value in new.items():
@@ -182,7 +203,7 @@ class NodePool:
     def newest(self, values: Tensor, slots: Tensor) -> Tensor:
         """``values`` (a pool field) at the slots :meth:`append` just returned: its last columns,
         a view (``values.gather(1, slots)`` would be a kernel)."""
-        return values[:, values.shape[1] - slots.shape[1]:]
+        return values[:, values.shape[1] - slots.shape[1] :]
 
     def mark(self, slots: Tensor, mask: Tensor) -> None:
         """Keep ``slots[b, k]`` wherever ``mask[b, k]`` (slots < 0 are ignored)."""

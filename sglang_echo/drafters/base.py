@@ -73,8 +73,9 @@ class Drafter(ABC):
         """Up to ``k`` children per valid frontier slot of the active requests."""
 
 
-def check_catch_up(tokens: Sequence[Tensor], features: Sequence[Tensor] | None, batch_size: int, width: int,
-                   name: str) -> tuple[Tensor, list[Tensor]] | None:
+def check_catch_up(
+    tokens: Sequence[Tensor], features: Sequence[Tensor] | None, batch_size: int, width: int, name: str
+) -> tuple[Tensor, list[Tensor]] | None:
     """Validate a feature-reading drafter's ``catch_up`` arguments.
 
     Returns ``(n, feats)``: each request's new-token count ([B] int64, host) and its features as
@@ -107,5 +108,6 @@ def head_kind(path) -> Optional[str]:
         archs = json.loads(cfg.read_text()).get("architectures", [])
     except (OSError, ValueError):
         return None
-    return next((HEAD_ARCHITECTURES[a] for a in archs if a in HEAD_ARCHITECTURES and a != "LlamaForCausalLMEagle3"),
-                "eagle3")
+    return next(
+        (HEAD_ARCHITECTURES[a] for a in archs if a in HEAD_ARCHITECTURES and a != "LlamaForCausalLMEagle3"), "eagle3"
+    )

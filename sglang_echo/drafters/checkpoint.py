@@ -67,8 +67,9 @@ def _indexed(index: Path) -> tuple[Path, ...]:
         weight_map = json.loads(index.read_text())["weight_map"]
         names = sorted(set(weight_map.values()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{index}: not a weight index (needs a weight_map of tensor -> file: "
-                              f"{type(e).__name__}: {e})") from None
+        raise CheckpointError(
+            f"{index}: not a weight index (needs a weight_map of tensor -> file: {type(e).__name__}: {e})"
+        ) from None
     outside = [n for n in names if not isinstance(n, str) or Path(n).name != n]
     if outside:
         raise CheckpointError(f"{index}: shard names must be files beside the index, not {outside}")
@@ -131,9 +132,11 @@ def _read_bin(f: Path) -> dict[str, Tensor]:
     try:
         state = torch.load(str(f), weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
-        raise CheckpointError(f"{f}: refused by torch's restricted loader (weights_only=True: {_why(e)}); "
-                              "a .bin that needs full unpickling could run code and is never loaded: "
-                              "convert it to safetensors where you trust it") from None
+        raise CheckpointError(
+            f"{f}: refused by torch's restricted loader (weights_only=True: {_why(e)}); "
+            "a .bin that needs full unpickling could run code and is never loaded: "
+            "convert it to safetensors where you trust it"
+        ) from None
     except (RuntimeError, OSError, EOFError, ValueError) as e:
         raise CheckpointError(f"{f}: not a readable PyTorch weights file ({type(e).__name__}: {_why(e)})") from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):

@@ -85,7 +85,9 @@ class CombineConfig:
         return (level + 1) ** -self.level_power
 
 
-def combine(log_ptilde: Tensor, ng: Optional[Tensor], level: int, cfg: CombineConfig = CombineConfig()) -> tuple[Tensor, Tensor]:
+def combine(
+    log_ptilde: Tensor, ng: Optional[Tensor], level: int, cfg: CombineConfig = CombineConfig()
+) -> tuple[Tensor, Tensor]:
     """The un-weighted COMBINE term ``e`` and the child log-probabilities ``log q`` of one level.
 
     ``log_ptilde [..., K]``: log of the top-``K`` marginal renormalised over ``K`` plus ``log M`` is
@@ -108,14 +110,23 @@ class DartSearch:
     :mod:`sglang_echo.integration.dart`) and every request's committed tokens (the n-gram context).
     """
 
-    def __init__(self, vocab_size: int, trie: Optional[NGramTrie] = None, use_ngram: bool = True,
-                 combine_cfg: CombineConfig = CombineConfig(), local_weight: float = 1.0, ngram_order: int = 3,
-                 eos_id: Optional[int] = None):
+    def __init__(
+        self,
+        vocab_size: int,
+        trie: Optional[NGramTrie] = None,
+        use_ngram: bool = True,
+        combine_cfg: CombineConfig = CombineConfig(),
+        local_weight: float = 1.0,
+        ngram_order: int = 3,
+        eos_id: Optional[int] = None,
+    ):
         if ngram_order < 2 and trie is None:
             raise ValueError(f"the n-gram order must be >= 2, got {ngram_order}")
         if trie is not None:
             if trie.vocab_size != vocab_size:
-                raise ValueError(f"n-gram trie built for a {trie.vocab_size}-token vocabulary, the head's target has {vocab_size}")
+                raise ValueError(
+                    f"n-gram trie built for a {trie.vocab_size}-token vocabulary, the head's target has {vocab_size}"
+                )
             ngram_order = trie.order
         self.vocab_size, self.trie, self.use_ngram, self.cfg = vocab_size, trie, use_ngram, combine_cfg
         self.local_weight, self.order, self.eos_id = local_weight, ngram_order, eos_id
@@ -186,8 +197,12 @@ class DartSearch:
         if d >= self.depth:  # past the head's last marginal: nothing to propose
             z = torch.zeros(B, Fw * k, dtype=torch.int64, device=dev)
             self._cand_ctx = None
-            return Candidates(z, torch.full((B, Fw * k), float("-inf"), device=dev),
-                              torch.arange(Fw, device=dev).repeat_interleave(k).expand(B, -1).contiguous(), z.bool())
+            return Candidates(
+                z,
+                torch.full((B, Fw * k), float("-inf"), device=dev),
+                torch.arange(Fw, device=dev).repeat_interleave(k).expand(B, -1).contiguous(),
+                z.bool(),
+            )
         if d == 0:
             ctx = self._root_context()[:, None].expand(B, Fw, -1)
         else:
@@ -197,7 +212,9 @@ class DartSearch:
         order = torch.sort(e, dim=-1, descending=True, stable=True).indices[..., :kk]  # COMBINE order
         tokens = tok[:, None, :].expand(B, Fw, -1).gather(2, order)
         lq = logq.gather(2, order)
-        self._cand_ctx = torch.cat([ctx[:, :, None, 1:].expand(B, Fw, kk, self.order - 2), tokens[..., None]], -1).reshape(B, Fw * kk, -1)
+        self._cand_ctx = torch.cat(
+            [ctx[:, :, None, 1:].expand(B, Fw, kk, self.order - 2), tokens[..., None]], -1
+        ).reshape(B, Fw * kk, -1)
         return Candidates(
             tokens=tokens.reshape(B, Fw * kk),
             logprob=lq.reshape(B, Fw * kk),
@@ -230,9 +247,12 @@ class DartSearch:
             ok = beam_valid[..., None] & torch.isfinite(logq)
             score = torch.where(ok, beam_score[..., None] + inc, torch.full_like(inc, float("-inf")))
             tokens = tok[:, None, :].expand(B, W, K)
-            cands = Candidates(tokens.reshape(B, W * K), logq.reshape(B, W * K),
-                               torch.arange(W, device=dev)[None, :, None].expand(B, W, K).reshape(B, W * K),
-                               ok.reshape(B, W * K))
+            cands = Candidates(
+                tokens.reshape(B, W * K),
+                logq.reshape(B, W * K),
+                torch.arange(W, device=dev)[None, :, None].expand(B, W, K).reshape(B, W * K),
+                ok.reshape(B, W * K),
+            )
             slots = pool.append(cands, beam_slots, level + 1)
             flat = score.reshape(B, W * K)
             scores.append(flat)
@@ -246,7 +266,9 @@ class DartSearch:
             beam_slots = slots.gather(1, cols)
             beam_score = flat.gather(1, cols)
             beam_valid = torch.isfinite(beam_score)
-            ctx_all = torch.cat([ctx[:, :, None, 1:].expand(B, W, K, self.order - 2), tokens[..., None]], -1).reshape(B, W * K, -1)
+            ctx_all = torch.cat([ctx[:, :, None, 1:].expand(B, W, K, self.order - 2), tokens[..., None]], -1).reshape(
+                B, W * K, -1
+            )
             ctx = ctx_all.gather(1, cols[..., None].expand(B, w, self.order - 1))
         allscore = torch.cat(scores, 1)
         allscore[:, 0] = float("-inf")  # the root is always kept; rank the drafts
@@ -259,9 +281,17 @@ class DartSearch:
 class DartDrafter(Drafter):
     name = "dart"
 
-    def __init__(self, head: DartHead, trie: Optional[NGramTrie] = None, use_ngram: bool = True,
-                 combine_cfg: CombineConfig = CombineConfig(), local_weight: float = 1.0, ngram_order: int = 3,
-                 eos_id: Optional[int] = None, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        head: DartHead,
+        trie: Optional[NGramTrie] = None,
+        use_ngram: bool = True,
+        combine_cfg: CombineConfig = CombineConfig(),
+        local_weight: float = 1.0,
+        ngram_order: int = 3,
+        eos_id: Optional[int] = None,
+        device: torch.device | str | None = None,
+    ):
         if device is not None:
             head = head.to(device)
         self.head = head
@@ -270,8 +300,9 @@ class DartDrafter(Drafter):
         self.logit_dtype = torch.promote_types(self.dtype, torch.float32)
         self.captured_layers = tuple(head.cfg.aux_layer_ids)
         self.depth = head.cfg.depth
-        self.search = DartSearch(head.cfg.vocab_size, trie, use_ngram, combine_cfg, local_weight, ngram_order,
-                                 eos_id).to(self.device)
+        self.search = DartSearch(
+            head.cfg.vocab_size, trie, use_ngram, combine_cfg, local_weight, ngram_order, eos_id
+        ).to(self.device)
         self.start([])
 
     # The search's settings, read by the bench and DartTreePolicy.
@@ -362,10 +393,14 @@ class DartDrafter(Drafter):
         P = self.lengths
         L = int(P.max()) if B else 0
         if L == 0:  # nothing committed anywhere: uniform (every row is invalid anyway)
-            return torch.full((B, c.depth, c.draft_vocab_size), -math.log(c.draft_vocab_size), dtype=self.logit_dtype, device=dev)
+            return torch.full(
+                (B, c.depth, c.draft_vocab_size), -math.log(c.draft_vocab_size), dtype=self.logit_dtype, device=dev
+            )
         j = torch.arange(m, device=dev)
         xm, rm = head.mask_inputs(j)
-        qm, km, vm = head.qkv(xm.to(self.dtype), (P - 1)[:, None] + 1 + j[None, :])  # [B, h, m, D], [B, kvh, m, D], [kvh, m, D]
+        qm, km, vm = head.qkv(
+            xm.to(self.dtype), (P - 1)[:, None] + 1 + j[None, :]
+        )  # [B, h, m, D], [B, kvh, m, D], [kvh, m, D]
         q = torch.cat([self.last_q[:, :, None], qm], 2)  # [B, h, d, D]
         k = torch.cat([self.k_cache[:, :, :L], km], 2)
         v = torch.cat([self.v_cache[:, :, :L], vm.expand(B, -1, -1, -1)], 2)
@@ -437,13 +472,27 @@ def load_head_trie(draft, vocab_size: int, ngram: Optional[str] = None) -> Optio
     return NGramTrie.load(path, vocab_size=vocab_size) if ngram or path.is_file() else None
 
 
-def load_dart_drafter(draft, embed: Tensor, num_target_layers: int, ngram: Optional[str] = None,
-                      use_ngram: bool = True, eos_id: Optional[int] = None, device=None) -> DartDrafter:
+def load_dart_drafter(
+    draft,
+    embed: Tensor,
+    num_target_layers: int,
+    ngram: Optional[str] = None,
+    use_ngram: bool = True,
+    eos_id: Optional[int] = None,
+    device=None,
+) -> DartDrafter:
     """A DART head directory (+ its n-gram trie, :func:`load_head_trie`) -> drafter."""
     head = DartHead.load(Path(draft), embed=embed, num_target_layers=num_target_layers)
     trie = load_head_trie(draft, head.cfg.vocab_size, ngram) if use_ngram else None
     return DartDrafter(head, trie=trie, use_ngram=use_ngram, eos_id=eos_id, device=device)
 
 
-__all__ = ["CombineConfig", "DartDrafter", "DartSearch", "DartTreePolicy", "combine", "load_dart_drafter",
-           "load_head_trie"]
+__all__ = [
+    "CombineConfig",
+    "DartDrafter",
+    "DartSearch",
+    "DartTreePolicy",
+    "combine",
+    "load_dart_drafter",
+    "load_head_trie",
+]

@@ -64,8 +64,14 @@ class DartConfig(Eagle3Config):
         return self.depth - 1
 
     @classmethod
-    def for_target(cls, target_cfg: dict, draft_vocab_size: int, aux_layer_ids: tuple[int, ...] | None = None,
-                   depth: int = 8, shared_mask: bool = False) -> DartConfig:
+    def for_target(
+        cls,
+        target_cfg: dict,
+        draft_vocab_size: int,
+        aux_layer_ids: tuple[int, ...] | None = None,
+        depth: int = 8,
+        shared_mask: bool = False,
+    ) -> DartConfig:
         base = super().for_target(target_cfg, draft_vocab_size, aux_layer_ids)
         return replace(base, depth=depth, shared_mask=shared_mask)
 
@@ -85,8 +91,11 @@ class DartConfig(Eagle3Config):
         if "draft_length" not in cfg:
             raise ValueError("DART config.json has no draft_length (the number of mask positions)")
         base = Eagle3Config.from_hf({**cfg, "architectures": [EAGLE3_ARCHITECTURE]}, num_target_layers)
-        return cls(**asdict(base), depth=int(cfg["draft_length"]) + 1,
-                   shared_mask=cfg.get("dart_mask_embeddings", "shared") == "shared")
+        return cls(
+            **asdict(base),
+            depth=int(cfg["draft_length"]) + 1,
+            shared_mask=cfg.get("dart_mask_embeddings", "shared") == "shared",
+        )
 
 
 class DartHead(Eagle3Head):
@@ -150,8 +159,10 @@ class DartHead(Eagle3Head):
         rep = tensors.pop(MASK_KEY)
         rep = rep.reshape(1, -1) if rep.dim() == 1 else rep
         if tuple(rep.shape) != tuple(self.mask_rep.shape):
-            raise ValueError(f"DART checkpoint mismatch: {MASK_KEY} {tuple(rep.shape)}, expected "
-                             f"{tuple(self.mask_rep.shape)} (config depth {self.cfg.depth}, shared={self.cfg.shared_mask})")
+            raise ValueError(
+                f"DART checkpoint mismatch: {MASK_KEY} {tuple(rep.shape)}, expected "
+                f"{tuple(self.mask_rep.shape)} (config depth {self.cfg.depth}, shared={self.cfg.shared_mask})"
+            )
         super().import_state({**tensors, "mask_rep": rep})
 
     @classmethod

@@ -51,8 +51,10 @@ class DFlashDrafter(Drafter):
 
     def describe(self) -> str:
         c = self.head.cfg
-        return (f"block_size={c.block_size},layers={c.num_hidden_layers},target_layer_ids={list(c.target_layer_ids)},"
-                f"mask_token_id={c.mask_token_id}")
+        return (
+            f"block_size={c.block_size},layers={c.num_hidden_layers},target_layer_ids={list(c.target_layer_ids)},"
+            f"mask_token_id={c.mask_token_id}"
+        )
 
     # -- state ---------------------------------------------------------------------------------
     def start(self, prompts: Sequence[Tensor]) -> None:
@@ -152,9 +154,12 @@ def marginal_candidates(logp: Tensor, frontier: Frontier, k: int, ready: Tensor)
     valid = frontier.valid & ready[:, None]  # [B, F]
     parent = torch.arange(Fw, device=dev).repeat_interleave(k)[None, :].expand(B, Fw * k)
     if d >= logp.shape[1]:  # past the block: nothing to propose
-        return Candidates(tokens=torch.zeros(B, Fw * k, dtype=torch.int64, device=dev),
-                          logprob=torch.zeros(B, Fw * k, device=dev), parent=parent.clone(),
-                          valid=torch.zeros(B, Fw * k, dtype=torch.bool, device=dev))
+        return Candidates(
+            tokens=torch.zeros(B, Fw * k, dtype=torch.int64, device=dev),
+            logprob=torch.zeros(B, Fw * k, device=dev),
+            parent=parent.clone(),
+            valid=torch.zeros(B, Fw * k, dtype=torch.bool, device=dev),
+        )
     top, ids = logp[:, d].topk(k, -1)  # marginal of depth d + 1, [B, k]
     return Candidates(
         tokens=ids[:, None, :].expand(B, Fw, k).reshape(B, Fw * k),
@@ -164,8 +169,9 @@ def marginal_candidates(logp: Tensor, frontier: Frontier, k: int, ready: Tensor)
     )
 
 
-def load_dflash_drafter(draft: Path, embed: Tensor, lm_head: Optional[Tensor] = None,
-                        num_target_layers: Optional[int] = None, device=None) -> DFlashDrafter:
+def load_dflash_drafter(
+    draft: Path, embed: Tensor, lm_head: Optional[Tensor] = None, num_target_layers: Optional[int] = None, device=None
+) -> DFlashDrafter:
     """A DFlash draft directory -> drafter sharing the target's embedding and LM head."""
     head = DFlashHead.load(Path(draft), embed=embed, lm_head=lm_head, num_target_layers=num_target_layers)
     return DFlashDrafter(head, device=device)

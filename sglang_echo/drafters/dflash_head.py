@@ -112,9 +112,16 @@ class DFlashConfig:
         return len(self.target_layer_ids)
 
     @classmethod
-    def for_target(cls, target_cfg: dict, *, num_hidden_layers: int = 2, block_size: int = 16,
-                   target_layer_ids: Optional[tuple[int, ...]] = None, mask_token_id: int = 0,
-                   mask_token: Optional[str] = None) -> DFlashConfig:
+    def for_target(
+        cls,
+        target_cfg: dict,
+        *,
+        num_hidden_layers: int = 2,
+        block_size: int = 16,
+        target_layer_ids: Optional[tuple[int, ...]] = None,
+        mask_token_id: int = 0,
+        mask_token: Optional[str] = None,
+    ) -> DFlashConfig:
         """A head whose layer geometry mirrors the target's (DFlash's released drafts do the same)."""
         L, nh = target_cfg["num_hidden_layers"], target_cfg["num_attention_heads"]
         head_dim = target_cfg.get("head_dim") or target_cfg["hidden_size"] // nh
@@ -140,8 +147,11 @@ class DFlashConfig:
         )
 
     def to_hf(self, extra: Optional[dict] = None) -> dict:
-        dflash = {"block_size": self.block_size, "target_layer_ids": list(self.target_layer_ids),
-                  "mask_token_id": self.mask_token_id}
+        dflash = {
+            "block_size": self.block_size,
+            "target_layer_ids": list(self.target_layer_ids),
+            "mask_token_id": self.mask_token_id,
+        }
         if self.mask_token is not None:
             dflash["mask_token"] = self.mask_token
         return {
@@ -179,7 +189,12 @@ class DFlashConfig:
         def get(key, default=None):
             return dcfg.get(key, cfg.get(key, default))
 
-        for key, want in (("layer_types", None), ("projector_type", None), ("selector_rank", 0), ("conv_kernel_size", 0)):
+        for key, want in (
+            ("layer_types", None),
+            ("projector_type", None),
+            ("selector_rank", 0),
+            ("conv_kernel_size", 0),
+        ):
             v = get(key, want)
             if key == "layer_types" and v is not None and any(t != "full_attention" for t in v):
                 raise ValueError(f"DFlash sliding-window layers are not supported: layer_types={v}")
@@ -221,8 +236,9 @@ class DFlashConfig:
         )
 
 
-def grouped_block_attention(q: Tensor, kc: Tensor, vc: Tensor, k: Tensor, v: Tensor, ctx_mask: Tensor,
-                            group: int) -> Tensor:
+def grouped_block_attention(
+    q: Tensor, kc: Tensor, vc: Tensor, k: Tensor, v: Tensor, ctx_mask: Tensor, group: int
+) -> Tensor:
     """Attention of ``S`` block positions, ``S / group`` blocks side by side: query ``i`` sees the
     context keys ``ctx_mask`` allows and all ``group`` keys of its own block ``i // group``, nothing
     else. This is what a dense ``[S, Tc + S]`` mask with a block-diagonal right half computes, in
@@ -232,7 +248,7 @@ def grouped_block_attention(q: Tensor, kc: Tensor, vc: Tensor, k: Tensor, v: Ten
     S, D, Tc = q.shape[2], q.shape[3], kc.shape[2]
     rep = q.shape[1] // kc.shape[1]
     kc, vc, k, v = (x.repeat_interleave(rep, 1) for x in (kc, vc, k, v))  # GQA
-    scale = D ** -0.5
+    scale = D**-0.5
     ctx_scores = (q @ kc.transpose(-1, -2) * scale).masked_fill(~ctx_mask, float("-inf"))
     qb, kb, vb = (x.unflatten(2, (S // group, group)) for x in (q, k, v))
     blk_scores = (qb @ kb.transpose(-1, -2) * scale).flatten(2, 3)  # [B, H, S, group]
@@ -304,20 +320,29 @@ class DFlashHead(nn.Module):
         pos = positions[:, None, :]
         for layer in self.layers:
             a = layer.self_attn
-            k = self._heads(a.k_norm(a.k_proj(ctx).view(*ctx.shape[:-1], c.num_key_value_heads, c.head_dim)).flatten(-2),
-                            c.num_key_value_heads)
+            k = self._heads(
+                a.k_norm(a.k_proj(ctx).view(*ctx.shape[:-1], c.num_key_value_heads, c.head_dim)).flatten(-2),
+                c.num_key_value_heads,
+            )
             out.append((rope(k, pos, c), self._heads(a.v_proj(ctx), c.num_key_value_heads)))
         return out
 
     def block_tokens(self, anchors: Tensor) -> Tensor:
         """Anchor tokens ``[...]`` -> blocks ``[..., block_size]``: the anchor then mask tokens."""
-        blk = torch.full((*anchors.shape, self.cfg.block_size), self.cfg.mask_token_id, dtype=torch.int64,
-                         device=anchors.device)
+        blk = torch.full(
+            (*anchors.shape, self.cfg.block_size), self.cfg.mask_token_id, dtype=torch.int64, device=anchors.device
+        )
         blk[..., 0] = anchors
         return blk
 
-    def forward_blocks(self, tokens: Tensor, positions: Tensor, ctx_kv: list[tuple[Tensor, Tensor]], mask: Tensor,
-                       group: Optional[int] = None) -> Tensor:
+    def forward_blocks(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        ctx_kv: list[tuple[Tensor, Tensor]],
+        mask: Tensor,
+        group: Optional[int] = None,
+    ) -> Tensor:
         """The draft layers over block tokens ``[B, S]`` at ``positions [B, S]``: keys are the context
         ``ctx_kv`` (per layer, ``[B, kv_heads, Tc, D]``) followed by the ``S`` block positions
         themselves; ``mask [B or 1, 1, S, Tc + S]`` (True = may attend) says which each sees.
@@ -337,8 +362,9 @@ class DFlashHead(nn.Module):
             k = rope(self._heads(k, c.num_key_value_heads), pos, c)
             v = self._heads(a.v_proj(x), c.num_key_value_heads)
             if group is None:
-                attn = F.scaled_dot_product_attention(q, torch.cat([kc, k], 2), torch.cat([vc, v], 2), attn_mask=mask,
-                                                      enable_gqa=True)
+                attn = F.scaled_dot_product_attention(
+                    q, torch.cat([kc, k], 2), torch.cat([vc, v], 2), attn_mask=mask, enable_gqa=True
+                )
             else:
                 attn = grouped_block_attention(q, kc, vc, k, v, mask, group)
             h = h + a.o_proj(attn.transpose(1, 2).flatten(-2))
@@ -368,8 +394,11 @@ class DFlashHead(nn.Module):
         return {k: t.to(dtype).detach().cpu().contiguous() for k, t in self.state_dict().items()}
 
     def import_state(self, tensors: dict[str, Tensor]) -> None:
-        state = {k.removeprefix("model."): t for k, t in tensors.items()
-                 if not k.removeprefix("model.").startswith(("embed_tokens", "lm_head"))}  # the target's
+        state = {
+            k.removeprefix("model."): t
+            for k, t in tensors.items()
+            if not k.removeprefix("model.").startswith(("embed_tokens", "lm_head"))
+        }  # the target's
         missing, unexpected = self.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(f"DFlash checkpoint mismatch: missing {missing}, unexpected {unexpected}")
@@ -378,8 +407,9 @@ class DFlashHead(nn.Module):
         write_checkpoint(out, self, dtype, extra_config)
 
     @classmethod
-    def load(cls, path: Path, embed: Tensor, lm_head: Optional[Tensor] = None,
-             num_target_layers: Optional[int] = None) -> DFlashHead:
+    def load(
+        cls, path: Path, embed: Tensor, lm_head: Optional[Tensor] = None, num_target_layers: Optional[int] = None
+    ) -> DFlashHead:
         cfg = DFlashConfig.from_hf(read_config(path, "DFlash"), num_target_layers)
         if num_target_layers is not None and max(cfg.target_layer_ids) >= num_target_layers:
             raise ValueError(f"target_layer_ids {cfg.target_layer_ids} outside a {num_target_layers}-layer target")

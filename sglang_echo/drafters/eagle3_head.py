@@ -36,7 +36,8 @@ from .rotary import read_rope, rope
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # Module names here -> names in the SpecForge / sglang checkpoint (everything else is the same).
 SPECFORGE_NAMES = {
-    "input_layernorm": "midlayer.input_layernorm", "hidden_norm": "midlayer.hidden_norm",
+    "input_layernorm": "midlayer.input_layernorm",
+    "hidden_norm": "midlayer.hidden_norm",
     "post_attention_layernorm": "midlayer.post_attention_layernorm",
     **{p: f"midlayer.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
     **{p: f"midlayer.mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj")},
@@ -60,7 +61,9 @@ class Eagle3Config:
     rope_scaling: Optional[dict] = field(default=None, hash=False)
 
     @classmethod
-    def for_target(cls, target_cfg: dict, draft_vocab_size: int, aux_layer_ids: tuple[int, ...] | None = None) -> Eagle3Config:
+    def for_target(
+        cls, target_cfg: dict, draft_vocab_size: int, aux_layer_ids: tuple[int, ...] | None = None
+    ) -> Eagle3Config:
         """The head's geometry mirrors the target's (sglang's default for EAGLE-3 heads)."""
         L, nh = target_cfg["num_hidden_layers"], target_cfg["num_attention_heads"]
         head_dim = target_cfg.get("head_dim") or target_cfg["hidden_size"] // nh
@@ -189,7 +192,9 @@ class Eagle3Head(nn.Module):
         hidden state's own token (EAGLE pairs h_t with x_{t+1})."""
         c = self.cfg
         B, T, _ = hidden.shape
-        x = torch.cat([self.input_layernorm(F.embedding(tokens, self.embed).to(hidden.dtype)), self.hidden_norm(hidden)], -1)
+        x = torch.cat(
+            [self.input_layernorm(F.embedding(tokens, self.embed).to(hidden.dtype)), self.hidden_norm(hidden)], -1
+        )
         q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)

@@ -98,11 +98,20 @@ class NGramTrie:
 
     # -- building -----------------------------------------------------------------------------
     @classmethod
-    def build(cls, sequences: Iterable[Tensor], vocab_size: int, order: int = 3, min_count: int = 1,
-              flush_every: int = 4_000_000, meta: dict | None = None) -> NGramTrie:
+    def build(
+        cls,
+        sequences: Iterable[Tensor],
+        vocab_size: int,
+        order: int = 3,
+        min_count: int = 1,
+        flush_every: int = 4_000_000,
+        meta: dict | None = None,
+    ) -> NGramTrie:
         """Count every n-gram (n = 1..order) of ``sequences`` (token id tensors)."""
         if not 1 <= order <= max_order(vocab_size):
-            raise NGramTrieError(f"order must be in 1..{max_order(vocab_size)} for a {vocab_size}-token vocabulary, got {order}")
+            raise NGramTrieError(
+                f"order must be in 1..{max_order(vocab_size)} for a {vocab_size}-token vocabulary, got {order}"
+            )
         run_k = [torch.zeros(0, dtype=torch.int64) for _ in range(order)]
         run_c = [torch.zeros(0, dtype=torch.int64) for _ in range(order)]
         pend: list[list[Tensor]] = [[] for _ in range(order)]
@@ -121,7 +130,9 @@ class NGramTrie:
                 continue
             lo, hi = int(seq.min()), int(seq.max())
             if lo < 0 or hi >= vocab_size:
-                raise NGramTrieError(f"sequence {n_seq} has token ids in [{lo}, {hi}], outside the vocabulary 0..{vocab_size - 1}")
+                raise NGramTrieError(
+                    f"sequence {n_seq} has token ids in [{lo}, {hi}], outside the vocabulary 0..{vocab_size - 1}"
+                )
             for i in range(order):
                 pend[i].append(sequence_keys(seq, i + 1, vocab_size))
             n_seq, n_tok, pending = n_seq + 1, n_tok + seq.numel(), pending + seq.numel() * order
@@ -144,8 +155,13 @@ class NGramTrie:
         return _count_sorted(self.keys[n - 1], self.counts[n - 1], keys)
 
     def to(self, device: torch.device | str) -> NGramTrie:
-        return NGramTrie(self.order, self.vocab_size, [k.to(device) for k in self.keys],
-                         [c.to(device) for c in self.counts], dict(self.meta))
+        return NGramTrie(
+            self.order,
+            self.vocab_size,
+            [k.to(device) for k in self.keys],
+            [c.to(device) for c in self.counts],
+            dict(self.meta),
+        )
 
     @property
     def num_nodes(self) -> int:
@@ -161,9 +177,16 @@ class NGramTrie:
         for n in range(1, self.order + 1):
             c = self.counts[n - 1]
             tensors[f"keys.{n}"] = self.keys[n - 1].cpu().contiguous()
-            tensors[f"counts.{n}"] = (c.to(torch.int32) if c.numel() == 0 or int(c.max()) < 2**31 else c).cpu().contiguous()
-        meta = {"format": FORMAT, "version": VERSION, "order": str(self.order), "vocab_size": str(self.vocab_size),
-                **{k: str(v) for k, v in self.meta.items()}}
+            tensors[f"counts.{n}"] = (
+                (c.to(torch.int32) if c.numel() == 0 or int(c.max()) < 2**31 else c).cpu().contiguous()
+            )
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "order": str(self.order),
+            "vocab_size": str(self.vocab_size),
+            **{k: str(v) for k, v in self.meta.items()},
+        }
         tmp = path.with_name(path.name + ".tmp")
         save_file(tensors, str(tmp), metadata=meta)
         tmp.replace(path)
@@ -183,8 +206,10 @@ class NGramTrie:
         except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
             raise NGramTrieError(f"{path}: not a safetensors n-gram trie ({type(e).__name__}: {e})") from None
         if meta.get("format") != FORMAT:
-            raise NGramTrieError(f"{path}: not an sglang-echo n-gram trie (metadata format={meta.get('format')!r}; "
-                                 f"build one with echo-build-ngram)")
+            raise NGramTrieError(
+                f"{path}: not an sglang-echo n-gram trie (metadata format={meta.get('format')!r}; "
+                f"build one with echo-build-ngram)"
+            )
         if meta.get("version") != VERSION:
             raise NGramTrieError(f"{path}: trie format version {meta.get('version')!r}, this code reads {VERSION!r}")
         try:
@@ -192,8 +217,10 @@ class NGramTrie:
         except (KeyError, ValueError):
             raise NGramTrieError(f"{path}: metadata lacks a valid order/vocab_size: {meta}") from None
         if vocab_size is not None and V != vocab_size:
-            raise NGramTrieError(f"{path}: built for a {V}-token vocabulary, the target has {vocab_size} "
-                                 f"(tokenizer {meta.get('tokenizer', '?')}); rebuild it with the target's tokenizer")
+            raise NGramTrieError(
+                f"{path}: built for a {V}-token vocabulary, the target has {vocab_size} "
+                f"(tokenizer {meta.get('tokenizer', '?')}); rebuild it with the target's tokenizer"
+            )
         if not 1 <= order <= max_order(V):
             raise NGramTrieError(f"{path}: order {order} is invalid for a {V}-token vocabulary")
         keys, counts = [], []
@@ -202,10 +229,14 @@ class NGramTrie:
             if k is None or c is None:
                 raise NGramTrieError(f"{path}: missing keys.{n}/counts.{n} (order {order})")
             if k.dtype != torch.int64 or k.dim() != 1 or c.dim() != 1 or c.shape != k.shape or c.is_floating_point():
-                raise NGramTrieError(f"{path}: level {n} arrays are malformed (keys {k.dtype} {tuple(k.shape)}, "
-                                     f"counts {c.dtype} {tuple(c.shape)})")
+                raise NGramTrieError(
+                    f"{path}: level {n} arrays are malformed (keys {k.dtype} {tuple(k.shape)}, "
+                    f"counts {c.dtype} {tuple(c.shape)})"
+                )
             if k.numel() and (bool((k[1:] <= k[:-1]).any()) or int(k[0]) < 0 or int(k[-1]) >= V**n):
-                raise NGramTrieError(f"{path}: level {n} keys are not sorted, distinct n-grams of a {V}-token vocabulary")
+                raise NGramTrieError(
+                    f"{path}: level {n} keys are not sorted, distinct n-grams of a {V}-token vocabulary"
+                )
             if c.numel() and int(c.min()) <= 0:
                 raise NGramTrieError(f"{path}: level {n} has non-positive counts")
             keys.append(k)
@@ -239,8 +270,15 @@ class LocalNGrams:
         return c.reshape(keys.shape)
 
 
-def continuation_prob(context: Tensor, tokens: Tensor, order: int, vocab_size: int, trie: NGramTrie | None = None,
-                      local: LocalNGrams | None = None, local_weight: float = 1.0) -> tuple[Tensor, Tensor]:
+def continuation_prob(
+    context: Tensor,
+    tokens: Tensor,
+    order: int,
+    vocab_size: int,
+    trie: NGramTrie | None = None,
+    local: LocalNGrams | None = None,
+    local_weight: float = 1.0,
+) -> tuple[Tensor, Tensor]:
     """DART's ``Pr(t | context)`` with longest-context back-off, vectorised.
 
     ``context [B, Q, order-1]`` (most recent last; ``-1`` = before the start), ``tokens [B, Q]`` ->

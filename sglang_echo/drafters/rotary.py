@@ -31,8 +31,13 @@ from torch import Tensor
 # others are fixed per config. Refused with a one-line error: longrope (transformers switches its
 # factors on state kept between calls) and RoPE nested per layer type (a draft layer has one).
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
-ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
-             "original_max_position_embeddings")
+ROPE_KEYS = (
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "partial_rotary_factor",
+    "original_max_position_embeddings",
+)
 
 
 class RopeGeometry(Protocol):
@@ -49,8 +54,14 @@ def _llama_config(rope: dict, head_dim: int, max_position_embeddings: int):
     head of ``head_dim`` so no other geometry can fail transformers' architecture checks."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(hidden_size=head_dim, num_attention_heads=1, num_key_value_heads=1, head_dim=head_dim,
-                       max_position_embeddings=max_position_embeddings, **copy.deepcopy(rope))
+    return LlamaConfig(
+        hidden_size=head_dim,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        **copy.deepcopy(rope),
+    )
 
 
 def read_rope(cfg: dict, head_dim: int, max_position_embeddings: int) -> tuple[float, Optional[dict]]:

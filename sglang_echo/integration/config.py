@@ -176,8 +176,10 @@ class EchoConfig:
         if self.lazy_extend < 0:
             raise bad(f"lazy_extend={self.lazy_extend} must be >= 0 (0: extend the draft KV every step)")
         if self.control_kernel == ControlKernel.TRITON and self.policy not in ELASTIC:
-            raise bad(f"control_kernel='triton' fuses the elastic scheduler ({', '.join(ELASTIC)}), "
-                      f"not policy '{self.policy}'")
+            raise bad(
+                f"control_kernel='triton' fuses the elastic scheduler ({', '.join(ELASTIC)}), "
+                f"not policy '{self.policy}'"
+            )
         if not 0.0 <= self.fixed_tau <= 1.0:
             raise bad(f"fixed_tau={self.fixed_tau} must be a probability in [0, 1]")
         W = self.resolved_width()
@@ -202,8 +204,13 @@ class EchoConfig:
         from sglang_echo.core.factory import PolicyConfig
 
         return PolicyConfig(
-            k_max=k_max or self.k_max or CPU_DEFAULT.flat, max_depth=self.max_depth, w_def=self.w_def, w_max=self.w_max,
-            topk=self.w_max, total_tokens=self.resolved_width(), fixed_tau=self.fixed_tau,
+            k_max=k_max or self.k_max or CPU_DEFAULT.flat,
+            max_depth=self.max_depth,
+            w_def=self.w_def,
+            w_max=self.w_max,
+            topk=self.w_max,
+            total_tokens=self.resolved_width(),
+            fixed_tau=self.fixed_tau,
             control_kernel=ControlKernel.TORCH if self.control_kernel == ControlKernel.AUTO else self.control_kernel,
         )
 
@@ -217,8 +224,13 @@ class EchoConfig:
 _INT = {"k_max", "max_depth", "w_def", "w_max", "width", "lazy_extend", "explore_backoff"}
 _FLOAT = {"fixed_tau"}
 _BOOL = {"dart_ngram"}
-_ENUMS: dict[str, type[Enum]] = {"policy": Policy, "drafter": Drafter, "verify": VerifyMode, "budget": Budget,
-                                 "control_kernel": ControlKernel}
+_ENUMS: dict[str, type[Enum]] = {
+    "policy": Policy,
+    "drafter": Drafter,
+    "verify": VerifyMode,
+    "budget": Budget,
+    "control_kernel": ControlKernel,
+}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 _FIELDS = {f.name for f in fields(EchoConfig)} - {"source"}
 
@@ -361,19 +373,30 @@ def load_calibration_for(cfg: EchoConfig, *, model_path: Optional[str] = None, d
     if cfg.calibration is None:
         if cfg.policy in ELASTIC:
             d = GatingConfig.default()
-            log.warning("ECHO: no calibration file (SGLANG_ECHO_CALIBRATION), gating with %s: %s", d.source, d.describe())
+            log.warning(
+                "ECHO: no calibration file (SGLANG_ECHO_CALIBRATION), gating with %s: %s", d.source, d.describe()
+            )
         return None
     for what, path in (("model", model_path), ("draft head", None if cfg.drafter == Drafter.NGRAM else draft_path)):
         if path and local_dir(path) is None:
             raise CalibrationError(
                 f"{cfg.calibration}: cannot check it against the {what} {path!r}, which is neither a local folder "
                 f"nor in the Hugging Face cache: download it first (huggingface-cli download {path}) or pass a "
-                "local path")
+                "local path"
+            )
     model_fp = fingerprint(local_dir(model_path)) if model_path else None
-    calib = load_calibration(cfg.calibration, model_fingerprint=model_fp, drafter_kind=cfg.drafter,
-                             drafter_fingerprint=drafter_fingerprint(cfg.drafter, draft_path))
-    log.warning("ECHO: calibration %s: sweet spots %s, thresholds %s", cfg.calibration, list(calib.sweet_spots),
-                [round(calib.threshold(d), 3) for d in calib.sweet_spots])
+    calib = load_calibration(
+        cfg.calibration,
+        model_fingerprint=model_fp,
+        drafter_kind=cfg.drafter,
+        drafter_fingerprint=drafter_fingerprint(cfg.drafter, draft_path),
+    )
+    log.warning(
+        "ECHO: calibration %s: sweet spots %s, thresholds %s",
+        cfg.calibration,
+        list(calib.sweet_spots),
+        [round(calib.threshold(d), 3) for d in calib.sweet_spots],
+    )
     return calib
 
 
@@ -421,8 +444,7 @@ def make_echo_policy(cfg: EchoConfig, calibration=None, kmax: Optional[KMax] = N
     fused = None
     if cfg.control_kernel == ControlKernel.TRITON:  # Triton is imported only where it runs
         from sglang_echo.kernels.control import TRITON as fused
-    return make_policy(cfg.policy, cfg.policy_config(kmax.flat if kmax else None), calibration=calibration,
-                       fused=fused)
+    return make_policy(cfg.policy, cfg.policy_config(kmax.flat if kmax else None), calibration=calibration, fused=fused)
 
 
 def make_step_budget(cfg: EchoConfig, policy, padded_width: Optional[int], kmax: Optional[KMax] = None):

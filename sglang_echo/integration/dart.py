@@ -33,9 +33,8 @@ import logging
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+from torch import Tensor, nn
 
 from sglang_echo.core.policy import Frontier
 from sglang_echo.core.tree import Candidates
@@ -59,8 +58,9 @@ class LlamaForCausalLMDart(LlamaForCausalLMEagle3):
         self.num_masks = int(config.draft_length)
         shared = getattr(config, "dart_mask_embeddings", "shared") == "shared"
         # Replaced by the checkpoint's tensor in load_weights ([2H] shared or [d-1, 2H]).
-        self.mask_rep = nn.Parameter(torch.zeros(1 if shared else self.num_masks, 2 * config.hidden_size),
-                                     requires_grad=False)
+        self.mask_rep = nn.Parameter(
+            torch.zeros(1 if shared else self.num_masks, 2 * config.hidden_size), requires_grad=False
+        )
 
     def load_weights(self, weights) -> None:
         rest = []
@@ -68,8 +68,10 @@ class LlamaForCausalLMDart(LlamaForCausalLMEagle3):
             if name.endswith(MASK_KEY):
                 rep = w.reshape(-1, self.mask_rep.shape[-1])
                 if rep.shape[0] not in (1, self.num_masks):
-                    raise ValueError(f"DART checkpoint: {MASK_KEY} {tuple(w.shape)} fits neither one shared mask "
-                                     f"nor draft_length={self.num_masks} masks")
+                    raise ValueError(
+                        f"DART checkpoint: {MASK_KEY} {tuple(w.shape)} fits neither one shared mask "
+                        f"nor draft_length={self.num_masks} masks"
+                    )
                 self.mask_rep = nn.Parameter(rep.to(self.mask_rep.device, self.mask_rep.dtype), requires_grad=False)
             else:
                 rest.append((name, w))
@@ -107,8 +109,9 @@ class LlamaForCausalLMDart(LlamaForCausalLMEagle3):
         committed = torch.arange(L, device=seq_lens.device)[None, :] < seq_lens[:, None]  # [B, L]
         causal = torch.ones(m, m, dtype=torch.bool, device=seq_lens.device).tril()
         mask = torch.cat([committed[:, None, :].expand(B, m, L), causal.expand(B, m, m)], -1)[:, None]
-        out = F.scaled_dot_product_attention(heads(q, attn.num_heads), keys, values, attn_mask=mask,
-                                             scale=attn.scaling, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            heads(q, attn.num_heads), keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=True
+        )
         h, _ = attn.o_proj(out.transpose(1, 2).reshape(B * m, -1))
         h, residual = layer.post_attention_layernorm(h, rep[None, :, :H].expand(B, m, H).reshape(B * m, H).to(h.dtype))
         h = layer.mlp(h)

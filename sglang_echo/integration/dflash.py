@@ -69,8 +69,12 @@ def load_head(draft_path: str, target_model: Any, num_target_layers: int, device
     embed = target_model.get_input_embeddings().weight
     lm_head = getattr(getattr(target_model, "lm_head", None), "weight", None)
     tied = lm_head is None or lm_head.data_ptr() == embed.data_ptr()
-    head = DFlashHead.load(Path(draft_path), embed=embed.detach(), lm_head=None if tied else lm_head.detach(),
-                           num_target_layers=num_target_layers)
+    head = DFlashHead.load(
+        Path(draft_path),
+        embed=embed.detach(),
+        lm_head=None if tied else lm_head.detach(),
+        num_target_layers=num_target_layers,
+    )
     return head.to(device).eval()
 
 
@@ -109,8 +113,10 @@ class DFlashPoolContext:
         def read(buf: Tensor) -> Tensor:
             return torch.where(keep, gather_rows(buf, slots).to(dtype), 0).transpose(1, 2)
 
-        return [(read(self.pool.get_key_buffer(a.layer_id)), read(self.pool.get_value_buffer(a.layer_id)))
-                for a in self.attn]
+        return [
+            (read(self.pool.get_key_buffer(a.layer_id)), read(self.pool.get_value_buffer(a.layer_id)))
+            for a in self.attn
+        ]
 
 
 def extend_positions(prefix_lens: Any, extend_lens: Any, device) -> Tensor:
@@ -145,4 +151,3 @@ class DFlashFrontierDrafter:
         valid = torch.arange(L, device=slots.device)[None, :] < self.lengths[:, None]
         self.forwards += 1
         return block_marginals(self.context.head, self.roots, self.lengths, self.context.gather(slots, valid))
-

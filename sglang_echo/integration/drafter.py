@@ -64,10 +64,13 @@ class EagleFrontierDrafter:
         B, F = frontier.slots.shape
         parent = torch.arange(F, device=index.device)[None, :, None].expand(B, F, k)
         valid = frontier.valid[:, :, None].expand(B, F, k)
-        rows = (torch.arange(B, device=index.device)[:, None, None] * self.topk + parent)
+        rows = torch.arange(B, device=index.device)[:, None, None] * self.topk + parent
         return self._candidates(
-            probs.reshape(B, F * k), index.reshape(B, F * k), parent.reshape(B, F * k),
-            valid.reshape(B, F * k), rows.reshape(B, F * k),
+            probs.reshape(B, F * k),
+            index.reshape(B, F * k),
+            parent.reshape(B, F * k),
+            valid.reshape(B, F * k),
+            rows.reshape(B, F * k),
         )
 
     # -- internals ---------------------------------------------------------------------------

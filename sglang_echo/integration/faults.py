@@ -113,8 +113,12 @@ class DraftGuard:
     def _report(self, kind: FaultKind, error: Exception) -> None:
         if kind not in self._logged:
             self._logged.add(kind)
-            log.error("ECHO: the drafter failed (%s); this step and any later failing one are verified as "
-                      "plain decoding (counted in echo_draft_faults_total)", kind, exc_info=error)
+            log.error(
+                "ECHO: the drafter failed (%s); this step and any later failing one are verified as "
+                "plain decoding (counted in echo_draft_faults_total)",
+                kind,
+                exc_info=error,
+            )
         try:
             self.on_fault(kind)
         except Exception:  # metrics never take the server down

@@ -114,8 +114,9 @@ class TokenHistory:
             return
         end = max(e for _, _, e in spans)
         if end > self.tokens.shape[1]:  # widen to the next power of two
-            wider = torch.zeros(self.tokens.shape[0], 1 << (end - 1).bit_length(), dtype=self.tokens.dtype,
-                                device=self.tokens.device)
+            wider = torch.zeros(
+                self.tokens.shape[0], 1 << (end - 1).bit_length(), dtype=self.tokens.dtype, device=self.tokens.device
+            )
             wider[:, : self.tokens.shape[1]] = self.tokens
             self.tokens = wider
         row = [r for r, s, e in spans for _ in range(s, e)]

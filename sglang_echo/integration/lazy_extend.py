@@ -67,11 +67,16 @@ class DraftBacklog:
     def append(self, slots: list[int], feats: Tensor, tokens: Tensor) -> None:
         """One pair per request: ``feats [bs, F]`` at each request's next position, ``tokens [bs]``."""
         if self.feats is None:
-            self.feats = torch.zeros(self.num_slots, self.capacity, feats.shape[-1], dtype=feats.dtype,
-                                     device=self.device)
-            log.info("ECHO lazy extend: backlog of %d slots x %d pairs x %d features, %.0f MiB",
-                     self.num_slots, self.capacity, feats.shape[-1],
-                     self.feats.numel() * self.feats.element_size() / 2**20)
+            self.feats = torch.zeros(
+                self.num_slots, self.capacity, feats.shape[-1], dtype=feats.dtype, device=self.device
+            )
+            log.info(
+                "ECHO lazy extend: backlog of %d slots x %d pairs x %d features, %.0f MiB",
+                self.num_slots,
+                self.capacity,
+                feats.shape[-1],
+                self.feats.numel() * self.feats.element_size() / 2**20,
+            )
         if self.full(slots):
             raise RuntimeError("ECHO lazy extend: backlog full; catch up before appending")
         n = self.lens[slots]
@@ -141,10 +146,12 @@ def catch_up(worker, batch, draft_input, backlog: DraftBacklog) -> int:
     sub.sampling_info = None  # the draft forward samples nothing
     sub.input_ids = backlog.tokens[slot_rows][take]
     sub.out_cache_loc = kv_slots[take].to(torch.int64)
-    sub.spec_info = EagleDraftExtendInput(hidden_states=backlog.feats[slot_rows][take],
-                                          num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
-    fb = ForwardBatch.init_new(sub, worker.draft_runner, capture_hidden_mode=CaptureHiddenMode.LAST,
-                               return_hidden_states_before_norm=False)
+    sub.spec_info = EagleDraftExtendInput(
+        hidden_states=backlog.feats[slot_rows][take], num_tokens_per_req=1, num_tokens_for_logprob_per_req=1
+    )
+    fb = ForwardBatch.init_new(
+        sub, worker.draft_runner, capture_hidden_mode=CaptureHiddenMode.LAST, return_hidden_states_before_norm=False
+    )
     fb.return_logprob = False
     out = worker.draft_runner.forward(fb).logits_output
     backlog.clear(pending_slots)

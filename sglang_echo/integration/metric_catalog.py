@@ -60,8 +60,7 @@ SERIES: tuple[Series, ...] = (
     Series("accepted", "echo_accepted_tokens", _C, "Tokens accepted by verification (incl. bonus)"),
     Series("steps", "echo_steps", _C, "ECHO verify steps"),
     Series("exceeded", "echo_budget_exceeded", _C, "Steps whose sum of K_i exceeded max(K_max, bs)"),
-    Series("faults", "echo_draft_faults", _C, "Steps verified as plain decoding because the drafter failed",
-           ("kind",)),
+    Series("faults", "echo_draft_faults", _C, "Steps verified as plain decoding because the drafter failed", ("kind",)),
     Series("gate_eval", "echo_gate_evaluated", _C, "Confidence gates evaluated", ("depth",)),
     Series("gate_pass", "echo_gate_passed", _C, "Confidence gates passed", ("depth",)),
     Series("k_max", "echo_budget_k_max", _G, "The server's K_max (without its growth with the batch)"),
@@ -71,20 +70,48 @@ SERIES: tuple[Series, ...] = (
     Series("caught_up", "echo_caught_up_tokens", _C, "Deferred tokens a catch-up draft extend extended"),
     Series("timed_steps", "echo_timed_steps", _C, "Decode steps covered by the echo_*_seconds counters"),
     Series("budget_steps", "echo_budget_steps", _C, "Steps by the cost budget's decision", ("arm", "reason")),
-    Series("budget_seconds", "echo_budget_step_seconds", _C, "Whole-step seconds by the cost budget's decision",
-           ("arm", "reason")),
-    Series("control_seconds", "echo_control_seconds", _C,
-           "ECHO control plane: build_trees minus drafter.propose, plus packing to sglang's layout"),
-    Series("draft_seconds", "echo_draft_seconds", _C,
-           "Drafting outside the control plane (draft forwards / n-gram lookups, their setup)"),
+    Series(
+        "budget_seconds",
+        "echo_budget_step_seconds",
+        _C,
+        "Whole-step seconds by the cost budget's decision",
+        ("arm", "reason"),
+    ),
+    Series(
+        "control_seconds",
+        "echo_control_seconds",
+        _C,
+        "ECHO control plane: build_trees minus drafter.propose, plus packing to sglang's layout",
+    ),
+    Series(
+        "draft_seconds",
+        "echo_draft_seconds",
+        _C,
+        "Drafting outside the control plane (draft forwards / n-gram lookups, their setup)",
+    ),
     Series("verify_seconds", "echo_verify_seconds", _C, "Target verify pass with sglang's acceptance and KV commit"),
     Series("step_seconds", "echo_step_seconds", _C, "Whole speculative decode step, worker entry to return"),
-    Series("accept_length", "echo_accept_length", _H,
-           "Tokens accepted per request and verify step (incl. the bonus token)", buckets=TOKEN_BUCKETS),
-    Series("step_verified", "echo_verified_tokens_per_step", _H,
-           "Tokens submitted to verification per step (sum of K_i, roots included)", buckets=STEP_TOKEN_BUCKETS),
-    Series("tree_depth", "echo_tree_depth", _H, "Draft tree depth per request and verify step (0: root only)",
-           buckets=DEPTH_BUCKETS),
+    Series(
+        "accept_length",
+        "echo_accept_length",
+        _H,
+        "Tokens accepted per request and verify step (incl. the bonus token)",
+        buckets=TOKEN_BUCKETS,
+    ),
+    Series(
+        "step_verified",
+        "echo_verified_tokens_per_step",
+        _H,
+        "Tokens submitted to verification per step (sum of K_i, roots included)",
+        buckets=STEP_TOKEN_BUCKETS,
+    ),
+    Series(
+        "tree_depth",
+        "echo_tree_depth",
+        _H,
+        "Draft tree depth per request and verify step (0: root only)",
+        buckets=DEPTH_BUCKETS,
+    ),
 )
 BY_KEY: dict[str, Series] = {s.key: s for s in SERIES}
 BY_NAME: dict[str, Series] = {s.name: s for s in SERIES}
@@ -131,8 +158,12 @@ def check_page(samples: Iterable[Sample], always: Iterable[str] = ()) -> list[st
     # sglang's scheduler series are those with a tp_rank (the tokenizer's carry none).
     sglang_ids = {_identity(x.labels) for x in samples if x.name.startswith("sglang:") and "tp_rank" in x.labels}
     # prometheus_client's ``*_created`` timestamps (single-process registries only) are not series.
-    echo = [x for x in samples if x.name.startswith("echo_")
-            and not (x.name.endswith("_created") and x.name.removesuffix("_created") in BY_NAME)]
+    echo = [
+        x
+        for x in samples
+        if x.name.startswith("echo_")
+        and not (x.name.endswith("_created") and x.name.removesuffix("_created") in BY_NAME)
+    ]
     if echo and not sglang_ids:
         problems.append("no sglang:* scheduler series on the page to join the echo_* series with")
     for x in echo:

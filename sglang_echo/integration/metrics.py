@@ -160,10 +160,18 @@ def sglang_labels() -> dict[str, str]:
     from sglang.srt.runtime_context import get_disagg, get_observability, get_parallel, get_serving
 
     parallel = get_parallel()
-    engine = ("dynamic" if get_disagg().enable_pd_role_switch
-              else DisaggregationMode.to_engine_type(get_disagg().disaggregation_mode))
-    labels = {"model_name": get_serving().served_model_name, "engine_type": engine, "tp_rank": parallel.tp_rank,
-              "pp_rank": parallel.pp_rank, "moe_ep_rank": parallel.moe_ep_rank}
+    engine = (
+        "dynamic"
+        if get_disagg().enable_pd_role_switch
+        else DisaggregationMode.to_engine_type(get_disagg().disaggregation_mode)
+    )
+    labels = {
+        "model_name": get_serving().served_model_name,
+        "engine_type": engine,
+        "tp_rank": parallel.tp_rank,
+        "pp_rank": parallel.pp_rank,
+        "moe_ep_rank": parallel.moe_ep_rank,
+    }
     if parallel.dp_rank is not None:
         labels["dp_rank"] = parallel.dp_rank
     labels.update(get_observability().extra_metric_labels or {})
@@ -208,8 +216,15 @@ def observe_many(hist, values, bounds: Sequence[float]) -> None:
 
 
 class EchoMetrics:
-    def __init__(self, k_max: int, enabled: bool, *, labels: Mapping[str, str] | None = None,
-                 writer: bool | None = None, registry=None) -> None:
+    def __init__(
+        self,
+        k_max: int,
+        enabled: bool,
+        *,
+        labels: Mapping[str, str] | None = None,
+        writer: bool | None = None,
+        registry=None,
+    ) -> None:
         """``k_max``: the server's K_max (its flat part: :class:`~sglang_echo.core.kmax.KMax`).
 
         ``enabled``: ``--enable-metrics``. ``labels`` (default :func:`sglang_labels`) go on every
@@ -219,9 +234,20 @@ class EchoMetrics:
         self.k_max = k_max
         self.enabled = enabled
         self.step_max = 0
-        self.totals = {"verified": 0, "target": 0, "slots": 0, "accepted": 0, "steps": 0, "exceeded": 0, "cap": 0,
-                       "faults": 0,
-                       "timed_steps": 0, "deferred": 0, "caught_up": 0, **{f"{k}_seconds": 0.0 for k in TIMERS}}
+        self.totals = {
+            "verified": 0,
+            "target": 0,
+            "slots": 0,
+            "accepted": 0,
+            "steps": 0,
+            "exceeded": 0,
+            "cap": 0,
+            "faults": 0,
+            "timed_steps": 0,
+            "deferred": 0,
+            "caught_up": 0,
+            **{f"{k}_seconds": 0.0 for k in TIMERS},
+        }
         self.request_depth = _env_flag(DEPTH_ENV, True)
         self.labels: dict[str, str] = {}
         self._m = None  # key -> the family (ECHO-labelled series) or the child under self.labels
@@ -371,7 +397,9 @@ class EchoMetrics:
         total, bs = st.verified, st.sizes.numel()
         if total > max(st.cap, bs):
             self.budget_exceeded()
-            log.error("ECHO: step verified %d tokens for %d requests, over the budget max(cap=%d, bs)", total, bs, st.cap)
+            log.error(
+                "ECHO: step verified %d tokens for %d requests, over the budget max(cap=%d, bs)", total, bs, st.cap
+            )
 
 
 class AcceptanceObservers:

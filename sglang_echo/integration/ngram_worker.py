@@ -48,16 +48,24 @@ import numpy as np
 import torch
 
 from sglang_echo.calibration.probe import ProbeRecorder
+from sglang_echo.core.dense import step_width, to_sglang_dense
 from sglang_echo.core.policy import Frontier, build_trees
 from sglang_echo.core.tree import Candidates, NodePool
 from sglang_echo.drafters.ngram import NGramDrafter
 
-from .config import (EchoConfig, check_consistent, load_calibration_for, load_config, make_echo_policy,
-                     make_step_budget, resolve_control_kernel, server_kmax)
+from .config import (
+    EchoConfig,
+    check_consistent,
+    load_calibration_for,
+    load_config,
+    make_echo_policy,
+    make_step_budget,
+    resolve_control_kernel,
+    server_kmax,
+)
 from .faults import DraftGuard
 from .history import History
 from .metrics import AcceptanceObservers, EchoMetrics, TimedDrafter, timing_sync
-from sglang_echo.core.dense import step_width, to_sglang_dense
 from .ragged import MARK, resolve_verify_mode, target_tokens
 
 log = logging.getLogger(__name__)
@@ -136,8 +144,14 @@ class BatchDrafter:
 
 def _row(f: Frontier, b: int) -> Frontier:
     s = slice(b, b + 1)
-    return Frontier(depth=f.depth, slots=f.slots[s], source=f.source[s], tokens=f.tokens[s],
-                    path_score=f.path_score[s], active=f.active[s])
+    return Frontier(
+        depth=f.depth,
+        slots=f.slots[s],
+        source=f.source[s],
+        tokens=f.tokens[s],
+        path_score=f.path_score[s],
+        active=f.active[s],
+    )
 
 
 @dataclass
@@ -159,8 +173,15 @@ class NgramStep:
     prepare_s: float = 0.0  # set by the worker: the whole _prepare_draft_tokens
 
 
-def build_ngram_drafts(policy, drafters: Sequence[NGramDrafter], roots: torch.Tensor, width: int,
-                       k_max: int | None = None, per_step_width: bool = False, guard: DraftGuard | None = None):
+def build_ngram_drafts(
+    policy,
+    drafters: Sequence[NGramDrafter],
+    roots: torch.Tensor,
+    width: int,
+    k_max: int | None = None,
+    per_step_width: bool = False,
+    guard: DraftGuard | None = None,
+):
     """ECHO trees over n-gram drafters, in NGRAM's layout: ``(tokens [bs*W] int64, mask [bs*W*W]
     bool, step)`` (host numpy arrays, as NGRAM's corpus returns them). ``step.control_s`` is the
     wall time of all this minus the drafters' ``propose`` (host work: no device sync needed).
@@ -200,11 +221,25 @@ class _WidthViews:
 # -- the worker ----------------------------------------------------------------------------------
 # What NGRAMWorker.__init__ assigns besides the corpus; EchoNgramWorker.__init__ assigns these
 # too and refuses to start if the installed sglang assigns anything else (see init_drift()).
-NGRAM_INIT_ATTRS = frozenset({
-    "server_args", "enable_overlap", "_target_worker", "model_runner", "page_size", "draft_token_num",
-    "max_trie_depth", "speculative_num_draft_tokens", "topk", "speculative_num_steps", "device",
-    "adaptive_controller", "_prev_decode_rids", "grammar_tree_host", "ngram_corpus",
-})
+NGRAM_INIT_ATTRS = frozenset(
+    {
+        "server_args",
+        "enable_overlap",
+        "_target_worker",
+        "model_runner",
+        "page_size",
+        "draft_token_num",
+        "max_trie_depth",
+        "speculative_num_draft_tokens",
+        "topk",
+        "speculative_num_steps",
+        "device",
+        "adaptive_controller",
+        "_prev_decode_rids",
+        "grammar_tree_host",
+        "ngram_corpus",
+    }
+)
 
 
 def init_drift() -> set[str]:
@@ -254,8 +289,9 @@ def _define_worker():
             self._prev_decode_rids = set()
             self.grammar_tree_host = None
 
-            cfg = load_config(num_steps=self.speculative_num_steps, topk=self.topk,
-                              num_draft_tokens=self.speculative_num_draft_tokens)
+            cfg = load_config(
+                num_steps=self.speculative_num_steps, topk=self.topk, num_draft_tokens=self.speculative_num_draft_tokens
+            )
             if cfg.drafter != "ngram":
                 raise ValueError(f"ECHO ngram worker built for drafter='{cfg.drafter}'")
             check_consistent(cfg, self.speculative_num_steps, self.topk, self.speculative_num_draft_tokens)
@@ -267,7 +303,9 @@ def _define_worker():
             self.echo_policy = make_echo_policy(cfg, calib, self.echo_kmax)
             self.echo_width = cfg.resolved_width()
             self.ngram_corpus = RequestDrafters()
-            self.echo_metrics = EchoMetrics(self.echo_kmax.flat, enabled=bool(getattr(server_args, "enable_metrics", False)))
+            self.echo_metrics = EchoMetrics(
+                self.echo_kmax.flat, enabled=bool(getattr(server_args, "enable_metrics", False))
+            )
             self.echo_guard = DraftGuard(self.model_runner.model_config.vocab_size, self.echo_metrics.draft_fault)
             self._echo_step: NgramStep | None = None
             self.echo_probe = ProbeRecorder.from_env(self.device)
@@ -277,8 +315,12 @@ def _define_worker():
             self.echo_budget = None  # budget cost: set with the verify mode
             self.echo_step_width = False  # lay each step out max K_i wide (set by init_cuda_graphs)
             self._echo_drafts = None  # this step's (tokens, mask), drafted before NGRAM's prepare
-            log.info("ECHO ngram worker: policy %s (%s), W=%d, no draft model",
-                     self.echo_policy.name, cfg.describe(), self.echo_width)
+            log.info(
+                "ECHO ngram worker: policy %s (%s), W=%d, no draft model",
+                self.echo_policy.name,
+                cfg.describe(),
+                self.echo_width,
+            )
 
         def init_attention_backends(self):
             super().init_attention_backends()
@@ -293,10 +335,15 @@ def _define_worker():
             super().init_cuda_graphs()
             # As EchoWorker's: a captured W-wide verify graph (or the overlap relay's W-strided
             # accepted tokens) pins the width; otherwise every step is max K_i wide.
-            self.echo_step_width = (self.echo_verify == "ragged" and not self.enable_overlap
-                                    and self.model_runner.decode_cuda_graph_runner is None)
-            log.info("ECHO ngram worker: verify width %s",
-                     "per step (max K_i)" if self.echo_step_width else f"{self.echo_width}")
+            self.echo_step_width = (
+                self.echo_verify == "ragged"
+                and not self.enable_overlap
+                and self.model_runner.decode_cuda_graph_runner is None
+            )
+            log.info(
+                "ECHO ngram worker: verify width %s",
+                "per step (max K_i)" if self.echo_step_width else f"{self.echo_width}",
+            )
 
         def _set_width(self, width: int) -> None:
             """NGRAM's step reads its width from ``draft_token_num`` (verify slots, acceptance,
@@ -330,21 +377,28 @@ def _define_worker():
                 self.prev_token_ids, self.prev_accept_lens = [], [0] * bs
             drafters, roots, root_positions = [], [], []
             for i, req in enumerate(batch.reqs):
-                extra = self.prev_token_ids[i * stride: i * stride + self.prev_accept_lens[i]] if use_prev else ()
+                extra = self.prev_token_ids[i * stride : i * stride + self.prev_accept_lens[i]] if use_prev else ()
                 hist = History(req.origin_input_ids_unpadded, req.output_ids, extra)
                 drafters.append(self.ngram_corpus.sync(req.rid, hist))
                 roots.append(hist[-1])  # the last committed token: its KV is written by this verify
                 root_positions.append(len(hist) - 1)
             cap = self.echo_kmax(bs) if self.echo_budget is None else self.echo_budget.cap(bs)
             tokens, mask, step = build_ngram_drafts(
-                self.echo_policy, drafters, torch.tensor(roots, dtype=torch.int64), self.echo_width, k_max=cap,
-                per_step_width=self.echo_step_width, guard=self.echo_guard)
+                self.echo_policy,
+                drafters,
+                torch.tensor(roots, dtype=torch.int64),
+                self.echo_width,
+                k_max=cap,
+                per_step_width=self.echo_step_width,
+                guard=self.echo_guard,
+            )
             step.draft_s = time.perf_counter() - t0 - step.control_s  # catch-up + lookups
             self._echo_step = step
             self.echo_metrics.on_tree_depths(batch.reqs, step.depths)
             if self.echo_probe is not None:
-                self.echo_probe.on_draft(step.pool, self.echo_policy.max_depth, [r.rid for r in batch.reqs],
-                                         root_positions)
+                self.echo_probe.on_draft(
+                    step.pool, self.echo_policy.max_depth, [r.rid for r in batch.reqs], root_positions
+                )
                 self._echo_draft_s = time.perf_counter() - t0
             step.prepare_s = time.perf_counter() - t0
             return tokens, mask
@@ -355,8 +409,12 @@ def _define_worker():
                 self._set_width(self._echo_step.width if self._echo_drafts is not None else self.echo_width)
             super()._prepare_for_speculative_decoding(batch)
             step = self._echo_step
-            if (self.echo_verify == "ragged" and step is not None and batch.forward_mode.is_target_verify()
-                    and int(step.sizes.min()) < step.width):  # all K_i == W_s: dense is ragged
+            if (
+                self.echo_verify == "ragged"
+                and step is not None
+                and batch.forward_mode.is_target_verify()
+                and int(step.sizes.min()) < step.width
+            ):  # all K_i == W_s: dense is ragged
                 setattr(batch.spec_info, MARK, step.sizes.to(self.device))  # see .ragged
 
         def _update_ngram_corpus(self, batch) -> None:
@@ -372,26 +430,34 @@ def _define_worker():
             st, self._echo_step = self._echo_step, None
             if st is not None and batch.forward_mode is not None and not batch.forward_mode.is_idle():
                 # verify: NGRAM's tree reconstruction, target verify, accept and KV move.
-                self.echo_metrics.on_timing(control=st.control_s, draft=st.draft_s,
-                                            verify=step_s - st.prepare_s, step=step_s)
+                self.echo_metrics.on_timing(
+                    control=st.control_s, draft=st.draft_s, verify=step_s - st.prepare_s, step=step_s
+                )
                 forward_tokens = target_tokens(self.echo_verify, st.sizes, st.width)
                 if self.echo_probe is not None:  # the verify pass is the step minus its drafting
-                    self.echo_probe.on_verify(forward_tokens,
-                                              time.perf_counter() - t0 - self._echo_draft_s)
+                    self.echo_probe.on_verify(forward_tokens, time.perf_counter() - t0 - self._echo_draft_s)
                 result.cap_lens = st.sizes.to(self.device)
                 self.echo_metrics.check_budget(self.echo_policy, st)
                 self.echo_metrics.on_step(st, forward_tokens)
                 if self.echo_budget is not None:
                     decision = self.echo_budget.observe_step(
-                        batch_size=st.sizes.numel(), target_tokens=forward_tokens, verified_tokens=st.verified,
-                        draft_forwards=st.draft_forwards, draft_s=st.draft_s + st.control_s,
-                        verify_s=step_s - st.prepare_s, step_s=step_s, cap=st.cap)
+                        batch_size=st.sizes.numel(),
+                        target_tokens=forward_tokens,
+                        verified_tokens=st.verified,
+                        draft_forwards=st.draft_forwards,
+                        draft_s=st.draft_s + st.control_s,
+                        verify_s=step_s - st.prepare_s,
+                        step_s=step_s,
+                        cap=st.cap,
+                    )
                     self.echo_metrics.on_budget_step(decision, step_s)
             return result
 
         # -- NGRAM's external-corpus API: not for ECHO ---------------------------------------------------
         def _no_external_corpus(self, *_a, **_k):
-            raise NotImplementedError("ECHO's n-gram drafter reads each request's own tokens; external corpora are NGRAM-only")
+            raise NotImplementedError(
+                "ECHO's n-gram drafter reads each request's own tokens; external corpora are NGRAM-only"
+            )
 
         add_external_corpus = commit_corpus_load = remove_external_corpus = _no_external_corpus
 

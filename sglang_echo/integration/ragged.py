@@ -66,8 +66,13 @@ VERIFY_MODES = tuple(VerifyMode)
 # locations come from the batch's KVLocPlan, which supports packed ragged rows itself).
 _TOKEN_FIELDS = ("input_ids", "positions")
 # Per-token fields that would need compacting too if set; ragged verify refuses the batch instead.
-_UNSUPPORTED_FIELDS = ("kv_loc_cols", "input_embeds", "mrope_positions", "origin_out_cache_loc",
-                       "global_num_tokens_cpu")
+_UNSUPPORTED_FIELDS = (
+    "kv_loc_cols",
+    "input_embeds",
+    "mrope_positions",
+    "origin_out_cache_loc",
+    "global_num_tokens_cpu",
+)
 # Per-token outputs of the verify forward that sglang indexes with dense flat ids.
 _OUTPUT_FIELDS = ("next_token_logits", "hidden_states", "hidden_states_before_norm")
 
@@ -85,21 +90,27 @@ def ragged_blocker(attn_backend: Any, graph_runner: Any = None) -> Optional[str]
     decode CUDA-graph runner (None: its verify runs eagerly)."""
     name = backend_name(attn_backend)
     if not getattr(attn_backend, "supports_ragged_verify", False):
-        return (f"attention backend '{name}' cannot verify ragged trees (per-request K_i with a tree mask); "
-                f"use --attention-backend {TREE_BACKEND}")
+        return (
+            f"attention backend '{name}' cannot verify ragged trees (per-request K_i with a tree mask); "
+            f"use --attention-backend {TREE_BACKEND}"
+        )
     if graph_runner is None:
         return None
     if not getattr(attn_backend, "supports_ragged_verify_graph", False):
-        return (f"attention backend '{name}' verifies ragged trees only without CUDA graphs; add "
-                f"--disable-cuda-graph or use --attention-backend {TREE_BACKEND}")
+        return (
+            f"attention backend '{name}' verifies ragged trees only without CUDA graphs; add "
+            f"--disable-cuda-graph or use --attention-backend {TREE_BACKEND}"
+        )
     if not getattr(graph_runner, "ragged_verify_mode", False):
         from sglang.srt.environ import envs
 
         mode = envs.SGLANG_RAGGED_VERIFY_MODE.get()
         if mode != "compact":
             return f"ragged verify with CUDA graphs needs SGLANG_RAGGED_VERIFY_MODE=compact (got '{mode}')"
-        return ("the target's CUDA graphs were captured W wide (ECHO's supports_ragged_verify() was False "
-                "when they were captured)")
+        return (
+            "the target's CUDA graphs were captured W wide (ECHO's supports_ragged_verify() was False "
+            "when they were captured)"
+        )
     return None
 
 
@@ -147,8 +158,9 @@ def graph_tier(n: int, bs: int, graph_runner: Any) -> Optional[int]:
     return tier if bs <= graph_runner._ragged_capture_slots(tier) else None
 
 
-def target_tokens(mode: str, sizes: torch.Tensor, width: int, graph_runner: Any = None,
-                  total: Optional[int] = None) -> int:
+def target_tokens(
+    mode: str, sizes: torch.Tensor, width: int, graph_runner: Any = None, total: Optional[int] = None
+) -> int:
     """Tokens the target verify forward computes in ``mode``: what verify time depends on.
     Ragged: ``N = sum K_i`` (``total`` when the caller knows it), or its graph tier."""
     if mode != VerifyMode.RAGGED:
@@ -181,8 +193,9 @@ class CompactVerify:
     lanes: int  # T
 
 
-def compact_verify_batch(forward_batch: Any, lens: torch.Tensor, translator: Any, *, total: Optional[int] = None,
-                         tier: Optional[int] = None) -> CompactVerify:
+def compact_verify_batch(
+    forward_batch: Any, lens: torch.Tensor, translator: Any, *, total: Optional[int] = None, tier: Optional[int] = None
+) -> CompactVerify:
     """The compact copy of a TARGET_VERIFY batch: its real tree nodes, then padding to ``tier``.
 
     ``translator`` is the runner's ``kv_index_translator`` (the batch's KVLocPlan maps each lane
@@ -195,10 +208,15 @@ def compact_verify_batch(forward_batch: Any, lens: torch.Tensor, translator: Any
     bs = forward_batch.batch_size
     dense_tokens = forward_batch.input_ids.shape[0]
     width = dense_tokens // bs
-    if width * bs != dense_tokens or lens.shape[0] != bs or (lens.device.type == "cpu" and (
-            int(lens.max()) > width or int(lens.min()) < 1)):
-        raise ValueError(f"ECHO ragged verify: {dense_tokens} tokens for {bs} requests, lens {lens.tolist()} "
-                         f"(each request verifies 1..W nodes)")
+    if (
+        width * bs != dense_tokens
+        or lens.shape[0] != bs
+        or (lens.device.type == "cpu" and (int(lens.max()) > width or int(lens.min()) < 1))
+    ):
+        raise ValueError(
+            f"ECHO ragged verify: {dense_tokens} tokens for {bs} requests, lens {lens.tolist()} "
+            f"(each request verifies 1..W nodes)"
+        )
     n = int(lens.sum()) if total is None else total
     lanes_n = n if tier is None else tier
     if lanes_n < n:

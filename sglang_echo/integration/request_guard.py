@@ -64,17 +64,41 @@ GRAMMAR_MATCHER = "sglang.srt.constrained.xgrammar_backend.XGrammarGrammarBacken
 OBJECT_BODY_ROUTES = "/v1/"  # path prefix of the routes whose JSON body must be an object
 # Fields sglang's request models dereference as objects before validating them (an array or a
 # string there ended in a 500), by route; each must be an object where present and non-empty.
-OBJECT_FIELDS = {"/v1/chat/completions": ("response_format", "response_format.schema",
-                                          "response_format.schema.properties",
-                                          "response_format.schema.properties.strict")}
-JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
-              list: "an array", dict: "an object"}
+OBJECT_FIELDS = {
+    "/v1/chat/completions": (
+        "response_format",
+        "response_format.schema",
+        "response_format.schema.properties",
+        "response_format.schema.properties.strict",
+    )
+}
+JSON_TYPES = {
+    type(None): "null",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+}
 
 # GenerateReqInput fields a batch gives per prompt, which sglang indexes per prompt unchecked.
-PER_PROMPT_FIELDS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
-                     "return_sampling_mask", "sampling_logprobs_mode", "custom_logit_processor", "lora_path",
-                     "positional_embed_overrides", "bootstrap_host", "bootstrap_port", "bootstrap_room",
-                     "bootstrap_pair_key", "decode_tp_size")
+PER_PROMPT_FIELDS = (
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_sampling_mask",
+    "sampling_logprobs_mode",
+    "custom_logit_processor",
+    "lora_path",
+    "positional_embed_overrides",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "bootstrap_pair_key",
+    "decode_tp_size",
+)
 # Samples per prompt (``n``): OpenAI's own bound. sglang has none and expands the request by it.
 MAX_PARALLEL_SAMPLES = 128
 INT32_MAX = 2**31 - 1
@@ -178,7 +202,8 @@ def check_input_embeds(embeds: Any, limits: ModelLimits) -> None:
         raise RequestRejected("input_embeds must be finite numbers")
     if arr.shape[0] >= limits.context_len:
         raise RequestRejected(
-            f"input_embeds has {arr.shape[0]} tokens, the model's context length is {limits.context_len}")
+            f"input_embeds has {arr.shape[0]} tokens, the model's context length is {limits.context_len}"
+        )
 
 
 def check_sampling(params: Any, limits: ModelLimits) -> None:
@@ -222,8 +247,12 @@ def check_stop_regex(patterns: Any) -> None:
 def check_logprobs(obj: Any, limits: ModelLimits) -> None:
     """``top_logprobs_num`` (OpenAI: ``logprobs`` / ``top_logprobs``) in ``[0, vocab_size]`` and
     ``logprob_start_len >= -1`` (-1: output tokens only); sglang bounds the rest."""
-    _check_int_range("top_logprobs_num (OpenAI: logprobs / top_logprobs)",
-                     getattr(obj, "top_logprobs_num", None), 0, limits.vocab_size)
+    _check_int_range(
+        "top_logprobs_num (OpenAI: logprobs / top_logprobs)",
+        getattr(obj, "top_logprobs_num", None),
+        0,
+        limits.vocab_size,
+    )
     _check_int_range("logprob_start_len", getattr(obj, "logprob_start_len", None), -1)
 
 
@@ -235,8 +264,10 @@ def check_override_types(overrides: Any) -> None:
     items = overrides if isinstance(overrides, list) and overrides else [overrides]
     for item in items:
         if item is not None and not isinstance(item, PositionalEmbeds):
-            raise RequestRejected("positional_embed_overrides must be a PositionalEmbeds object (Engine API); "
-                                  f"a request cannot carry it as {json_type(overrides)}")
+            raise RequestRejected(
+                "positional_embed_overrides must be a PositionalEmbeds object (Engine API); "
+                f"a request cannot carry it as {json_type(overrides)}"
+            )
 
 
 def check_overrides(obj: Any, input_ids: Any) -> None:

@@ -93,10 +93,15 @@ class TraceStreams:
         seqs = [torch.cat([trace.prompt(p), trace.output(p)]) for p in range(P)]
         start = torch.cumsum(seq_len, 0) - seq_len
         dev = torch.device(device)
-        return cls(index=index, start=start.to(dev), end=(start + seq_len).to(dev), prompt_len=prompt_len.to(dev),
-                   tokens=(torch.cat(seqs) if seqs else torch.zeros(0, dtype=torch.int64)).to(dev),
-                   tree_start=trace.tree_indptr[:-1].to(dev),
-                   num_trees=(trace.tree_indptr[1:] - trace.tree_indptr[:-1]).to(dev))
+        return cls(
+            index=index,
+            start=start.to(dev),
+            end=(start + seq_len).to(dev),
+            prompt_len=prompt_len.to(dev),
+            tokens=(torch.cat(seqs) if seqs else torch.zeros(0, dtype=torch.int64)).to(dev),
+            tree_start=trace.tree_indptr[:-1].to(dev),
+            num_trees=(trace.tree_indptr[1:] - trace.tree_indptr[:-1]).to(dev),
+        )
 
     def stream_of(self, req: Any) -> int:
         """``req``'s trace stream (-1: its prompt is not a trace prompt); looked up once, then cached."""
@@ -106,9 +111,13 @@ class TraceStreams:
             setattr(req, STREAM_ATTR, p)
             if p < 0:  # the first one warns; later ones (sglang's health checks among them) log at debug
                 self.strangers += 1
-                log.log(logging.WARNING if self.strangers == 1 else logging.DEBUG,
-                        "ECHO simulate: request %s (%d prompt tokens) is not a trace prompt: the server's own "
-                        "weights decode it", getattr(req, "rid", "?"), len(req.origin_input_ids))
+                log.log(
+                    logging.WARNING if self.strangers == 1 else logging.DEBUG,
+                    "ECHO simulate: request %s (%d prompt tokens) is not a trace prompt: the server's own "
+                    "weights decode it",
+                    getattr(req, "rid", "?"),
+                    len(req.origin_input_ids),
+                )
         return p
 
     def streams(self, reqs: Sequence[Any]) -> Tensor:
@@ -170,8 +179,10 @@ class Simulation:
 
     def describe(self) -> str:
         m = self.trace.meta
-        return (f"simulated acceptance from trace {self.stem} ({m.drafter} drafter on {Path(m.target).name}, "
-                f"{self.trace.num_prompts} streams, {m.max_new} tokens each)")
+        return (
+            f"simulated acceptance from trace {self.stem} ({m.drafter} drafter on {Path(m.target).name}, "
+            f"{self.trace.num_prompts} streams, {m.max_new} tokens each)"
+        )
 
     def frontier(self, real, batch, roots: Tensor) -> SimulatedFrontierDrafter:
         streams = self.streams.streams(batch.reqs)
@@ -209,8 +220,9 @@ def start(drafter: str, vocab_size: int, device: torch.device | str) -> Optional
         _ACTIVE = None
         return None
     _ACTIVE = load(stem, drafter, vocab_size, device)
-    log.warning("ECHO: %s: the drafts and the target's tokens come from the trace, every forward is real",
-                _ACTIVE.describe())
+    log.warning(
+        "ECHO: %s: the drafts and the target's tokens come from the trace, every forward is real", _ACTIVE.describe()
+    )
     return _ACTIVE
 
 
@@ -218,20 +230,26 @@ def load(stem: str, drafter: str, vocab_size: int, device: torch.device | str) -
     from sglang_echo.replay.trace import Trace, trace_files
 
     if drafter != "eagle3":
-        raise SimulationError(f"{ENV}: simulated acceptance drives the EAGLE-3 frontier drafter; this server's "
-                              f"drafter is {drafter!r} (SGLANG_ECHO_DRAFTER=eagle3)")
+        raise SimulationError(
+            f"{ENV}: simulated acceptance drives the EAGLE-3 frontier drafter; this server's "
+            f"drafter is {drafter!r} (SGLANG_ECHO_DRAFTER=eagle3)"
+        )
     missing = [str(p) for p in trace_files(stem) if not p.is_file()]
     if missing:
-        raise SimulationError(f"{ENV}={stem}: no trace there ({', '.join(missing)} missing; echo-replay record "
-                              "writes STEM.json and STEM.safetensors)")
+        raise SimulationError(
+            f"{ENV}={stem}: no trace there ({', '.join(missing)} missing; echo-replay record "
+            "writes STEM.json and STEM.safetensors)"
+        )
     try:
         trace = Trace.load(stem)
     except (ValueError, OSError, TypeError, KeyError) as e:
         raise SimulationError(f"{ENV}={stem}: not a readable trace ({type(e).__name__}: {e})") from None
     need = trace.vocab_needed()
     if need > vocab_size:
-        raise SimulationError(f"{ENV}={stem}: the trace's vocabulary ({need} ids) is larger than this target's "
-                              f"({vocab_size}); serve a target whose vocabulary holds it")
+        raise SimulationError(
+            f"{ENV}={stem}: the trace's vocabulary ({need} ids) is larger than this target's "
+            f"({vocab_size}); serve a target whose vocabulary holds it"
+        )
     return Simulation(trace, str(stem), device)
 
 
@@ -242,9 +260,11 @@ def simulated(drafter, batch, roots: Tensor):
 
 def _require_active() -> Simulation:
     if _ACTIVE is None:
-        raise SimulationError(f"{ENV} is set, but this server's speculative worker is not ECHO's EAGLE-3 worker: "
-                              "only --speculative-algorithm ECHO with SGLANG_ECHO_DRAFTER=eagle3 simulates a trace "
-                              "(sglang's own EAGLE3 uses SGLANG_SIMULATE_ACC_LEN)")
+        raise SimulationError(
+            f"{ENV} is set, but this server's speculative worker is not ECHO's EAGLE-3 worker: "
+            "only --speculative-algorithm ECHO with SGLANG_ECHO_DRAFTER=eagle3 simulates a trace "
+            "(sglang's own EAGLE3 uses SGLANG_SIMULATE_ACC_LEN)"
+        )
     return _ACTIVE
 
 
@@ -259,9 +279,15 @@ def target_forward_hook(original, worker, *args, **kwargs):
     """AROUND ``TpModelWorker.forward_batch_generation``: a target extend's sampled tokens, the trace's."""
     result = original(worker, *args, **kwargs)
     batch = args[0] if args else kwargs.get("batch")
-    if (_ACTIVE is not None and batch is not None and not kwargs.get("is_verify", False)
-            and not getattr(worker, "is_draft_worker", False) and batch.forward_mode.is_extend()
-            and getattr(result, "next_token_ids", None) is not None and len(batch.reqs)):
+    if (
+        _ACTIVE is not None
+        and batch is not None
+        and not kwargs.get("is_verify", False)
+        and not getattr(worker, "is_draft_worker", False)
+        and batch.forward_mode.is_extend()
+        and getattr(result, "next_token_ids", None) is not None
+        and len(batch.reqs)
+    ):
         _ACTIVE.force_prefill(batch, result)
     return result
 

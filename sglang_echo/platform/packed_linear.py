@@ -46,8 +46,13 @@ def enabled() -> bool:
 
 
 def _packable(weight: Any) -> bool:
-    return (isinstance(weight, Tensor) and weight.device.type == "cpu" and weight.dim() == 2
-            and weight.dtype in _DTYPES and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    return (
+        isinstance(weight, Tensor)
+        and weight.device.type == "cpu"
+        and weight.dim() == 2
+        and weight.dtype in _DTYPES
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
 
 
 class PackedWeight:
@@ -145,12 +150,20 @@ def after_weights_loaded(original: Callable[..., Any], method: Any, layer: Any) 
     return result
 
 
-def compute_lm_head(original: Callable[..., Any], processor: Any, hidden_states: Tensor, lm_head: Any,
-                    embedding_bias: Optional[Tensor] = None, **kwargs: Any) -> Tensor:
+def compute_lm_head(
+    original: Callable[..., Any],
+    processor: Any,
+    hidden_states: Tensor,
+    lm_head: Any,
+    embedding_bias: Optional[Tensor] = None,
+    **kwargs: Any,
+) -> Tensor:
     """AROUND ``LogitsProcessor._compute_lm_head``: its plain-matmul branch on a packed head."""
     w = getattr(lm_head, "weight", None)
     plain = (
-        enabled() and embedding_bias is None and hidden_states.device.type == "cpu"
+        enabled()
+        and embedding_bias is None
+        and hidden_states.device.type == "cpu"
         and not (hasattr(lm_head, "set_lora") and hasattr(lm_head, "apply_lora"))
         and not getattr(processor, "use_fp32_lm_head", False)
         and getattr(processor, "rl_on_policy_target", None) is None
@@ -187,7 +200,11 @@ class _PackedForward:
 
     def __call__(self, x: Tensor) -> Tensor:
         m = self.module
-        if x.device.type == "cpu" and x.dtype == m.weight.dtype and not (torch.is_grad_enabled() and m.weight.requires_grad):
+        if (
+            x.device.type == "cpu"
+            and x.dtype == m.weight.dtype
+            and not (torch.is_grad_enabled() and m.weight.requires_grad)
+        ):
             packed = _packed_for(m, m.weight)
             if packed is not None:
                 return packed_linear(x, packed, m.bias)
@@ -196,6 +213,9 @@ class _PackedForward:
 
 def register(hooks: Any, around: Any) -> None:
     """Install both hooks (``hooks`` is sglang's HookRegistry, ``around`` its AROUND type)."""
-    hooks.register("sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.process_weights_after_loading",
-                   after_weights_loaded, around)
+    hooks.register(
+        "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.process_weights_after_loading",
+        after_weights_loaded,
+        around,
+    )
     hooks.register("sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head", compute_lm_head, around)

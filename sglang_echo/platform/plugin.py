@@ -59,9 +59,7 @@ def _draft_decode_backend(original: Callable[..., Any], factory: Any) -> Any:
         return None
     from sglang_echo.platform.attention.draft import EchoTorchMultiStepDraftBackend
 
-    multi = EchoTorchMultiStepDraftBackend(
-        factory.draft_model_runner, factory.topk, factory.speculative_num_steps
-    )
+    multi = EchoTorchMultiStepDraftBackend(factory.draft_model_runner, factory.topk, factory.speculative_num_steps)
     for child in multi.attn_backends:
         _stamp(child)
     return _stamp(multi)

@@ -119,8 +119,9 @@ def _timed_run_batch(original: Callable[..., Any], scheduler: Any, batch: Any, *
     return result
 
 
-def _timed_target_forward(original: Callable[..., Any], runner: Any, forward_batch: Any, *args: Any,
-                          **kwargs: Any) -> Any:
+def _timed_target_forward(
+    original: Callable[..., Any], runner: Any, forward_batch: Any, *args: Any, **kwargs: Any
+) -> Any:
     mode = forward_batch.forward_mode
     kind = "target_forward" if _is_decode_step(mode) else "target_prefill" if mode.is_extend() else None
     if getattr(runner, "is_draft_worker", False) or kind is None:

@@ -20,5 +20,14 @@ from .oracle import oracle_accepted
 from .simulate import ReplayResult, replay_offline, replay_serving
 from .trace import Trace, TraceMeta
 
-__all__ = ["Coverage", "RecordedDrafter", "ReplayResult", "StreamDiverged", "Trace", "TraceMeta", "oracle_accepted",
-           "replay_offline", "replay_serving"]
+__all__ = [
+    "Coverage",
+    "RecordedDrafter",
+    "ReplayResult",
+    "StreamDiverged",
+    "Trace",
+    "TraceMeta",
+    "oracle_accepted",
+    "replay_offline",
+    "replay_serving",
+]

@@ -34,8 +34,15 @@ def _command(argv) -> str:
 def _policies(args, trace, batch: int) -> tuple[dict, PolicyConfig]:
     from sglang_echo.bench.acceptance import build_policy
 
-    cfg = PolicyConfig(k_max=k_max_for(args.k_max, batch), max_depth=args.max_depth, w_def=args.w_def,
-                       w_max=args.w_max, topk=args.topk, total_tokens=args.total_tokens, fixed_tau=args.fixed_tau)
+    cfg = PolicyConfig(
+        k_max=k_max_for(args.k_max, batch),
+        max_depth=args.max_depth,
+        w_def=args.w_def,
+        w_max=args.w_max,
+        topk=args.topk,
+        total_tokens=args.total_tokens,
+        fixed_tau=args.fixed_tau,
+    )
     calib = None
     if args.calibration is not None:
         from sglang_echo.core.calibration_file import load_calibration
@@ -84,21 +91,44 @@ def cmd_record(args, argv) -> None:
     beams = sorted(set(args.beams))
     n_batches = -(-len(prompts) // args.batch)
     bar = tqdm(total=n_batches * (args.max_new + args.depth - 1), desc="record", unit="step")
-    trees, outputs, secs = record(target, drafter, prompts, max_new=args.max_new, depth=args.depth, width=args.width,
-                                  beams=beams, max_nodes=args.max_nodes, batch=args.batch, progress=bar.update)
+    trees, outputs, secs = record(
+        target,
+        drafter,
+        prompts,
+        max_new=args.max_new,
+        depth=args.depth,
+        width=args.width,
+        beams=beams,
+        max_nodes=args.max_nodes,
+        batch=args.batch,
+        progress=bar.update,
+    )
     bar.close()
     params = drafter.describe() if hasattr(drafter, "describe") else ""
-    meta = TraceMeta(drafter=args.drafter, target=str(args.target), max_new=args.max_new, depth=args.depth,
-                     width=args.width, beams=beams, max_nodes=args.max_nodes,
-                     eos_id=None if args.ignore_eos else tok.eos_token_id, vocab_size=target.config.vocab_size,
-                     draft=str(draft) if draft else None,
-                     drafter_params={"describe": params} if params else {}, prompts=names,
-                     stats={"record_seconds": secs}, command=_command(argv), machine=machine())
+    meta = TraceMeta(
+        drafter=args.drafter,
+        target=str(args.target),
+        max_new=args.max_new,
+        depth=args.depth,
+        width=args.width,
+        beams=beams,
+        max_nodes=args.max_nodes,
+        eos_id=None if args.ignore_eos else tok.eos_token_id,
+        vocab_size=target.config.vocab_size,
+        draft=str(draft) if draft else None,
+        drafter_params={"describe": params} if params else {},
+        prompts=names,
+        stats={"record_seconds": secs},
+        command=_command(argv),
+        machine=machine(),
+    )
     trace = assemble(meta, prompts, trees, outputs)
     st, js = trace.save(args.out)
     s = trace.meta.stats
-    print(f"recorded {trace.num_prompts} streams, {s['trees']} trees, {s['nodes']} nodes "
-          f"({s['mean_nodes_per_tree']:.0f}/tree, {s['pruned_nodes']} pruned by the cap) in {secs:.0f}s -> {st}, {js}")
+    print(
+        f"recorded {trace.num_prompts} streams, {s['trees']} trees, {s['nodes']} nodes "
+        f"({s['mean_nodes_per_tree']:.0f}/tree, {s['pruned_nodes']} pruned by the cap) in {secs:.0f}s -> {st}, {js}"
+    )
 
 
 # -- measure-cost ----------------------------------------------------------------------------------
@@ -114,17 +144,34 @@ def cmd_measure(args, argv) -> None:
         draft = SMOLLM2_EAGLE3
 
     def progress(point):
-        print("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()), flush=True)
+        print(
+            "  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()),
+            flush=True,
+        )
 
-    out = measure(Path(args.target), drafter=args.drafter, draft=Path(draft) if draft else None,
-                  batches=args.batches, per_request=args.tokens_per_request, frontiers=args.frontiers,
-                  catch_up_tokens=args.catch_up_tokens, prefix=args.prefix, max_tokens=args.max_tokens,
-                  max_rows=args.max_rows, reps=args.reps, device=args.device, label=args.label,
-                  command=_command(argv), progress=progress)
+    out = measure(
+        Path(args.target),
+        drafter=args.drafter,
+        draft=Path(draft) if draft else None,
+        batches=args.batches,
+        per_request=args.tokens_per_request,
+        frontiers=args.frontiers,
+        catch_up_tokens=args.catch_up_tokens,
+        prefix=args.prefix,
+        max_tokens=args.max_tokens,
+        max_rows=args.max_rows,
+        reps=args.reps,
+        device=args.device,
+        label=args.label,
+        command=_command(argv),
+        progress=progress,
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out} ({len(out['verify'])} verify points"
-          f"{', ' + str(len(out['draft']['forward'])) + ' draft points' if out['draft'] else ''})")
+    print(
+        f"wrote {args.out} ({len(out['verify'])} verify points"
+        f"{', ' + str(len(out['draft']['forward'])) + ' draft points' if out['draft'] else ''})"
+    )
 
 
 # -- run ---------------------------------------------------------------------------------------------
@@ -152,10 +199,24 @@ def cmd_run(args, argv) -> None:
         for name, policy in policies.items():
             bar.set_postfix_str(f"{name} B={B}")
             t0 = time.perf_counter()
-            res = replay_serving(trace, policy, B, k_max=cfg.k_max, max_new=args.max_new, eos_id=eos,
-                                 min_tokens=args.min_tokens, min_steps=args.min_steps, drafter=drafter)
-            row = {"policy_arg": name, **res.summary(), "policy": policy.name, "replay_seconds": time.perf_counter() - t0,
-                   "throughput": [c.throughput(res, trace.meta.drafter) for c in costs]}
+            res = replay_serving(
+                trace,
+                policy,
+                B,
+                k_max=cfg.k_max,
+                max_new=args.max_new,
+                eos_id=eos,
+                min_tokens=args.min_tokens,
+                min_steps=args.min_steps,
+                drafter=drafter,
+            )
+            row = {
+                "policy_arg": name,
+                **res.summary(),
+                "policy": policy.name,
+                "replay_seconds": time.perf_counter() - t0,
+                "throughput": [c.throughput(res, trace.meta.drafter) for c in costs],
+            }
             rows.append(row)
             bar.update()
     bar.close()
@@ -166,16 +227,25 @@ def cmd_run(args, argv) -> None:
     if args.out is not None:
         stem = args.out.with_suffix("") if args.out.suffix in (".json", ".md") else args.out
         stem.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"command": _command(argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "trace": str(args.trace),
-                "trace_meta": {k: v for k, v in vars(trace.meta).items() if k not in ("prompts",)},
-                "prompts": trace.meta.prompts, "k_max": args.k_max, "calibration": str(args.calibration) if args.calibration else None,
-                "costs": [{"label": c.label, "file": str(p), **c.meta} for c, p in zip(costs, args.cost)],
-                "args": {k: v for k, v in vars(args).items() if k != "func"}}
+        meta = {
+            "command": _command(argv),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "trace": str(args.trace),
+            "trace_meta": {k: v for k, v in vars(trace.meta).items() if k not in ("prompts",)},
+            "prompts": trace.meta.prompts,
+            "k_max": args.k_max,
+            "calibration": str(args.calibration) if args.calibration else None,
+            "costs": [{"label": c.label, "file": str(p), **c.meta} for c, p in zip(costs, args.cost)],
+            "args": {k: v for k, v in vars(args).items() if k != "func"},
+        }
         Path(f"{stem}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str) + "\n")
-        cost_note = ", ".join(f"{c.label} ({'draft priced' if c.draft_priced(trace.meta.drafter) else 'draft NOT priced'})"
-                              for c in costs)
-        Path(f"{stem}.md").write_text(f"`{meta['command']}`\n\nThroughput columns: cost model {costs[0].label if costs else '-'}; "
-                                      f"all cost models in the JSON: {cost_note}.\n\n{markdown(rows)}\n\n{cmp}\n")
+        cost_note = ", ".join(
+            f"{c.label} ({'draft priced' if c.draft_priced(trace.meta.drafter) else 'draft NOT priced'})" for c in costs
+        )
+        Path(f"{stem}.md").write_text(
+            f"`{meta['command']}`\n\nThroughput columns: cost model {costs[0].label if costs else '-'}; "
+            f"all cost models in the JSON: {cost_note}.\n\n{markdown(rows)}\n\n{cmp}\n"
+        )
         print(f"wrote {stem}.json and {stem}.md")
 
 
@@ -187,21 +257,38 @@ def cmd_validate(args, argv) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     trace = Trace.load(args.trace)
-    target, drafter = _load_target(args.target or trace.meta.target, trace.meta.drafter, args.draft or trace.meta.draft,
-                                   args.device)
+    target, drafter = _load_target(
+        args.target or trace.meta.target, trace.meta.drafter, args.draft or trace.meta.draft, args.device
+    )
     policies, cfg = _policies(args, trace, args.batch)
     prompts = _spread(args.num_prompts, trace.num_prompts)
     eos = None if args.ignore_eos else trace.meta.eos_id
-    rows = validate(trace, target, drafter, policies, prompts, batch=args.batch, k_max=cfg.k_max,
-                    max_new=args.max_new, eos_id=eos)
+    rows = validate(
+        trace, target, drafter, policies, prompts, batch=args.batch, k_max=cfg.k_max, max_new=args.max_new, eos_id=eos
+    )
     for r in rows:
-        print(f"{r['policy']:>16}: {'EXACT' if r['exact'] else 'DIFFERS'}  steps {r['steps']}, "
-              f"accept-mismatch steps {r['accept_mismatch_steps']}, size-mismatch steps {r['size_mismatch_steps']}, "
-              f"output mismatches {r['output_mismatch']}, committed live {r['live_committed']} / replay {r['replay_committed']}")
+        print(
+            f"{r['policy']:>16}: {'EXACT' if r['exact'] else 'DIFFERS'}  steps {r['steps']}, "
+            f"accept-mismatch steps {r['accept_mismatch_steps']}, size-mismatch steps {r['size_mismatch_steps']}, "
+            f"output mismatches {r['output_mismatch']}, committed live {r['live_committed']} "
+            f"/ replay {r['replay_committed']}"
+        )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"command": _command(argv), "trace": str(args.trace), "prompts": prompts,
-                                        "batch": args.batch, "k_max": cfg.k_max, "rows": rows}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "command": _command(argv),
+                    "trace": str(args.trace),
+                    "prompts": prompts,
+                    "batch": args.batch,
+                    "k_max": cfg.k_max,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         print(f"wrote {args.out}")
     return 0 if all(r["exact"] for r in rows) else 1
 
@@ -219,13 +306,33 @@ def cmd_validate_server(args, argv) -> int:
     trace = Trace.load(args.trace)
     policies, cfg = _policies(args, trace, 1)
     prompts = _spread(args.num_prompts, trace.num_prompts)
-    rows = validate_server(trace, policies, cfg, prompts, port=args.port, calibration=args.calibration,
-                           max_new=args.max_new, eos_id=trace.meta.eos_id,
-                           simulate=args.trace if args.simulate else None, load_format=args.load_format)
+    rows = validate_server(
+        trace,
+        policies,
+        cfg,
+        prompts,
+        port=args.port,
+        calibration=args.calibration,
+        max_new=args.max_new,
+        eos_id=trace.meta.eos_id,
+        simulate=args.trace if args.simulate else None,
+        load_format=args.load_format,
+    )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"command": _command(argv), "trace": str(args.trace), "prompts": prompts,
-                                        "k_max": cfg.k_max, "rows": rows}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "command": _command(argv),
+                    "trace": str(args.trace),
+                    "prompts": prompts,
+                    "k_max": cfg.k_max,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         print(f"wrote {args.out}")
     return 0 if all(r["exact"] for r in rows) else 1
 
@@ -241,13 +348,21 @@ def cmd_sim_inputs(args, argv) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**data, "command": _command(argv)}, indent=1) + "\n")
     e3 = data["eagle3"]
-    print(f"SGLANG_SIMULATE_ACC_LEN={e3['simulate_acc_len']}  (static tree {e3['shape']}: {e3['request_steps']} "
-          f"request steps, coverage {e3['coverage']['fraction']:.3f}); {len(data['prompts'])} prompts, "
-          f"max_new {data['max_new']} -> {out}")
+    print(
+        f"SGLANG_SIMULATE_ACC_LEN={e3['simulate_acc_len']}  (static tree {e3['shape']}: {e3['request_steps']} "
+        f"request steps, coverage {e3['coverage']['fraction']:.3f}); {len(data['prompts'])} prompts, "
+        f"max_new {data['max_new']} -> {out}"
+    )
 
 
-COMMANDS = {"record": cmd_record, "measure-cost": cmd_measure, "run": cmd_run, "validate": cmd_validate,
-            "validate-server": cmd_validate_server, "sim-inputs": cmd_sim_inputs}
+COMMANDS = {
+    "record": cmd_record,
+    "measure-cost": cmd_measure,
+    "run": cmd_run,
+    "validate": cmd_validate,
+    "validate-server": cmd_validate_server,
+    "sim-inputs": cmd_sim_inputs,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

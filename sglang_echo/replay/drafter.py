@@ -59,8 +59,13 @@ class Coverage:
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
     def as_dict(self) -> dict:
-        return {"expansions": self.expansions, "missed": self.missed, "unexpanded": self.unexpanded,
-                "missing_children": self.missing_children, "fraction": self.fraction}
+        return {
+            "expansions": self.expansions,
+            "missed": self.missed,
+            "unexpanded": self.unexpanded,
+            "missing_children": self.missing_children,
+            "fraction": self.fraction,
+        }
 
 
 class RecordedDrafter(Drafter):
@@ -111,8 +116,9 @@ class RecordedDrafter(Drafter):
             out = self.trace.output(p)
             g = self._gen[b]
             if new and out[g : g + len(new)].tolist() != new:
-                raise StreamDiverged(f"request {b} (trace prompt {p}): committed {new} at {g}, "
-                                     f"recorded {out[g : g + len(new)].tolist()}")
+                raise StreamDiverged(
+                    f"request {b} (trace prompt {p}): committed {new} at {g}, recorded {out[g : g + len(new)].tolist()}"
+                )
             self._gen[b] = g + len(new)
             pos = self._gen[b] - 1  # the root is the last committed token o_pos
             ok = 0 <= pos < self.trace.num_positions(p)

@@ -55,15 +55,19 @@ def chains(B: int, w: int, vocab: int, device) -> DraftTrees:
     return DraftTrees(
         indptr=(torch.arange(B + 1) * w).to(device),
         tokens=torch.randint(0, vocab, (N,), generator=g).to(device),
-        parents=(local - 1).to(device), depth=local.to(device), logprob=z, path_score=z,
+        parents=(local - 1).to(device),
+        depth=local.to(device),
+        logprob=z,
+        path_score=z,
         drafter=torch.zeros(N, dtype=torch.int64, device=device),
         proposal=torch.full((N,), DETERMINISTIC, dtype=torch.int64, device=device),
     )
 
 
 @torch.inference_mode()
-def measure_verify(target, batches: Sequence[int], per_request: Sequence[int], prefix: int, max_tokens: int,
-                   reps: int, progress=None) -> list[dict]:
+def measure_verify(
+    target, batches: Sequence[int], per_request: Sequence[int], prefix: int, max_tokens: int, reps: int, progress=None
+) -> list[dict]:
     dev, V = target.device, target.config.vocab_size
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(0)
@@ -94,8 +98,18 @@ def measure_verify(target, batches: Sequence[int], per_request: Sequence[int], p
 
 
 @torch.inference_mode()
-def measure_eagle3(drafter, feature_dim: int, vocab: int, batches: Sequence[int], frontiers: Sequence[int],
-                   catch_up_tokens: Sequence[int], prefix: int, max_rows: int, reps: int, progress=None) -> dict:
+def measure_eagle3(
+    drafter,
+    feature_dim: int,
+    vocab: int,
+    batches: Sequence[int],
+    frontiers: Sequence[int],
+    catch_up_tokens: Sequence[int],
+    prefix: int,
+    max_rows: int,
+    reps: int,
+    progress=None,
+) -> dict:
     dev = drafter.device
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(1)
@@ -103,22 +117,34 @@ def measure_eagle3(drafter, feature_dim: int, vocab: int, batches: Sequence[int]
     for B in batches:
         prompts = [torch.randint(0, vocab, (prefix,), generator=g).to(dev) for _ in range(B)]
         drafter.start(prompts)
-        drafter.catch_up([p[1:].clone() for p in prompts] if prefix > 1 else [p for p in prompts],
-                         [torch.randn(max(prefix - 1, 1), feature_dim, generator=g).to(dev, drafter.dtype) for _ in range(B)])
+        drafter.catch_up(
+            [p[1:].clone() for p in prompts] if prefix > 1 else [p for p in prompts],
+            [torch.randn(max(prefix - 1, 1), feature_dim, generator=g).to(dev, drafter.dtype) for _ in range(B)],
+        )
         empty = [torch.zeros(0, dtype=torch.int64, device=dev)] * B
         for F in frontiers:
             if B * F > max_rows:
                 continue
-            roots = Frontier(0, torch.zeros(B, 1, dtype=torch.int64, device=dev), torch.full((B, 1), -1, device=dev),
-                             prompts[0][:1].expand(B, 1).clone(), torch.zeros(B, 1, device=dev),
-                             torch.ones(B, dtype=torch.bool, device=dev))
+            roots = Frontier(
+                0,
+                torch.zeros(B, 1, dtype=torch.int64, device=dev),
+                torch.full((B, 1), -1, device=dev),
+                prompts[0][:1].expand(B, 1).clone(),
+                torch.zeros(B, 1, device=dev),
+                torch.ones(B, dtype=torch.bool, device=dev),
+            )
 
             def run() -> float:
                 drafter.catch_up(empty, None)  # resets the step (nothing committed)
                 c = drafter.propose(roots, F)  # depth 0: no forward, the catch-up's logits
-                fr = Frontier(1, torch.arange(1, F + 1, device=dev).expand(B, F).contiguous(),
-                              torch.arange(F, device=dev).expand(B, F).contiguous(), c.tokens[:, :F].contiguous(),
-                              c.logprob[:, :F].contiguous(), roots.active)
+                fr = Frontier(
+                    1,
+                    torch.arange(1, F + 1, device=dev).expand(B, F).contiguous(),
+                    torch.arange(F, device=dev).expand(B, F).contiguous(),
+                    c.tokens[:, :F].contiguous(),
+                    c.logprob[:, :F].contiguous(),
+                    roots.active,
+                )
                 sync()
                 t0 = time.perf_counter()
                 drafter.propose(fr, 1)  # one head forward over B * F rows: what we price
@@ -133,16 +159,37 @@ def measure_eagle3(drafter, feature_dim: int, vocab: int, batches: Sequence[int]
         for m in catch_up_tokens:
             toks = [torch.randint(0, vocab, (m,), generator=g).to(dev) for _ in range(B)]
             feats = [torch.randn(m, feature_dim, generator=g).to(dev, drafter.dtype) for _ in range(B)]
-            cu.append({"batch": B, "tokens_per_request": m, "rows": B * m,
-                       "seconds": _median_time(lambda: drafter.catch_up(toks, feats), reps, sync)})
+            cu.append(
+                {
+                    "batch": B,
+                    "tokens_per_request": m,
+                    "rows": B * m,
+                    "seconds": _median_time(lambda: drafter.catch_up(toks, feats), reps, sync),
+                }
+            )
             if progress:
                 progress(cu[-1])
     return {"forward": fwd, "catch_up": cu}
 
 
-def measure(target_dir: Path, *, drafter: str, draft: Optional[Path], batches: Sequence[int], per_request: Sequence[int],
-            frontiers: Sequence[int], catch_up_tokens: Sequence[int], prefix: int, max_tokens: int, max_rows: int,
-            reps: int, device: str, label: str, command: str, progress=None) -> dict:
+def measure(
+    target_dir: Path,
+    *,
+    drafter: str,
+    draft: Optional[Path],
+    batches: Sequence[int],
+    per_request: Sequence[int],
+    frontiers: Sequence[int],
+    catch_up_tokens: Sequence[int],
+    prefix: int,
+    max_tokens: int,
+    max_rows: int,
+    reps: int,
+    device: str,
+    label: str,
+    command: str,
+    progress=None,
+) -> dict:
     from transformers import AutoModelForCausalLM
 
     from sglang_echo.bench.acceptance import build_drafter
@@ -152,13 +199,38 @@ def measure(target_dir: Path, *, drafter: str, draft: Optional[Path], batches: S
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).to(dev)
     d, captured = build_drafter(drafter, draft, model, dev)
     target = HFTarget(model, captured)
-    out = {"schema": SCHEMA, "version": VERSION, "label": label, "command": command,
-           "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(),
-           "target": {"path": str(target_dir), "dtype": "float32", "prefix_len": prefix, "captured_layers": list(captured)},
-           "verify": measure_verify(target, batches, per_request, prefix, max_tokens, reps, progress), "draft": None}
+    out = {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "label": label,
+        "command": command,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": machine(),
+        "target": {
+            "path": str(target_dir),
+            "dtype": "float32",
+            "prefix_len": prefix,
+            "captured_layers": list(captured),
+        },
+        "verify": measure_verify(target, batches, per_request, prefix, max_tokens, reps, progress),
+        "draft": None,
+    }
     if drafter == "eagle3":
-        out["draft"] = {"kind": "eagle3", "head": str(draft),
-                        **measure_eagle3(d, target.feature_dim, target.config.vocab_size, batches, frontiers,
-                                         catch_up_tokens, prefix, max_rows, reps, progress)}
+        out["draft"] = {
+            "kind": "eagle3",
+            "head": str(draft),
+            **measure_eagle3(
+                d,
+                target.feature_dim,
+                target.config.vocab_size,
+                batches,
+                frontiers,
+                catch_up_tokens,
+                prefix,
+                max_rows,
+                reps,
+                progress,
+            ),
+        }
     out["machine"]["load_average_after"] = list(os.getloadavg())
     return out

@@ -56,10 +56,19 @@ class ExplorePolicy(TreePolicy):
 
     name = "explore"
 
-    def __init__(self, depth: int, width: int, beams: Sequence[int], max_nodes: int,
-                 sink: Callable[[list[Optional[RowTree]]], None], explore_steps: Optional[int] = None):
+    def __init__(
+        self,
+        depth: int,
+        width: int,
+        beams: Sequence[int],
+        max_nodes: int,
+        sink: Callable[[list[Optional[RowTree]]], None],
+        explore_steps: Optional[int] = None,
+    ):
         if depth < 1 or width < 1 or not beams or min(beams) < 1 or max_nodes < 2:
-            raise ValueError(f"need depth, width, beams >= 1 and max_nodes >= 2, got {depth}, {width}, {beams}, {max_nodes}")
+            raise ValueError(
+                f"need depth, width, beams >= 1 and max_nodes >= 2, got {depth}, {width}, {beams}, {max_nodes}"
+            )
         self.max_depth, self.children_per_node = depth, width
         self.beams, self.max_nodes, self.sink = tuple(sorted(set(beams))), max_nodes, sink
         self.explore_steps, self.steps = explore_steps, 0
@@ -167,18 +176,36 @@ def compact_row(pool, b: int, expanded: Tensor, max_nodes: int) -> RowTree:
     n_kept = torch.zeros(n, dtype=torch.int64).scatter_add_(0, par_new.clamp(min=0), (par_new >= 0).long())
     # Children are contiguous: the first child of a node is the smallest index pointing at it.
     first = torch.full((n,), n, dtype=torch.int64).scatter_reduce(
-        0, par_new.clamp(min=0), torch.where(par_new >= 0, torch.arange(n), n), reduce="amin")
+        0, par_new.clamp(min=0), torch.where(par_new >= 0, torch.arange(n), n), reduce="amin"
+    )
     first = torch.where(n_kept > 0, first, torch.full_like(first, -1))
     lp = logprob[slots].clone()
     lp[0] = 0.0
     return RowTree(
-        token=tokens[slots].clone(), parent=par_new, depth=depth[slots].clone(), logprob=lp,
-        first_child=first, n_kept=n_kept, n_avail=n_avail[slots], pruned=pruned,
+        token=tokens[slots].clone(),
+        parent=par_new,
+        depth=depth[slots].clone(),
+        logprob=lp,
+        first_child=first,
+        n_kept=n_kept,
+        n_avail=n_avail[slots],
+        pruned=pruned,
     )
 
 
-def record(target, drafter, prompts: Sequence[Tensor], *, max_new: int, depth: int, width: int,
-           beams: Sequence[int], max_nodes: int, batch: int = 8, progress=None) -> tuple[list[list[RowTree]], list[list[int]], float]:
+def record(
+    target,
+    drafter,
+    prompts: Sequence[Tensor],
+    *,
+    max_new: int,
+    depth: int,
+    width: int,
+    beams: Sequence[int],
+    max_nodes: int,
+    batch: int = 8,
+    progress=None,
+) -> tuple[list[list[RowTree]], list[list[int]], float]:
     """Record ``prompts`` in batches of ``batch``; returns (trees per prompt, outputs, seconds).
 
     Each output runs ``max_new + depth`` tokens (eos ignored: the replay stops streams at eos
@@ -230,13 +257,20 @@ def assemble(meta: TraceMeta, prompts: Sequence[Tensor], trees: list[list[RowTre
     trace = Trace(
         meta=meta,
         prompt_indptr=indptr([int(p.numel()) for p in prompts]),
-        prompt_tokens=torch.cat([p.reshape(-1).long() for p in prompts]) if prompts else torch.zeros(0, dtype=torch.int64),
+        prompt_tokens=torch.cat([p.reshape(-1).long() for p in prompts])
+        if prompts
+        else torch.zeros(0, dtype=torch.int64),
         output_indptr=indptr([len(o) for o in outputs]),
         output_tokens=torch.tensor([x for o in outputs for x in o], dtype=torch.int64),
         tree_indptr=indptr([len(per) for per in trees]),
         node_indptr=indptr([t.token.numel() for t in flat]),
-        token=cat("token"), parent=cat("parent"), depth=cat("depth"), logprob=cat("logprob", torch.float32),
-        first_child=cat("first_child"), n_kept=cat("n_kept"), n_avail=cat("n_avail"),
+        token=cat("token"),
+        parent=cat("parent"),
+        depth=cat("depth"),
+        logprob=cat("logprob", torch.float32),
+        first_child=cat("first_child"),
+        n_kept=cat("n_kept"),
+        n_avail=cat("n_avail"),
     )
     trace.check()
     return trace

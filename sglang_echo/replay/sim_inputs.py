@@ -66,8 +66,13 @@ def eagle3_acc_len(trace: Trace, shape: TreeShape, max_new: Optional[int] = None
     res = replay_offline(trace, policy, list(range(trace.num_prompts)), k_max=cfg.k_max, max_new=max_new, eos_id=None)
     if res.request_steps == 0:
         raise ValueError("the trace has no stream with a speculative step (max_new < 2)")
-    return {"shape": str(shape), "simulate_acc_len": round(res.mat, 4), "request_steps": res.request_steps,
-            "accepted_drafts": res.accepted, "coverage": res.coverage.as_dict()}
+    return {
+        "shape": str(shape),
+        "simulate_acc_len": round(res.mat, 4),
+        "request_steps": res.request_steps,
+        "accepted_drafts": res.accepted,
+        "coverage": res.coverage.as_dict(),
+    }
 
 
 def sim_inputs(trace: Trace, stem: str | Path, shape: TreeShape, max_new: Optional[int] = None) -> dict:
@@ -76,11 +81,19 @@ def sim_inputs(trace: Trace, stem: str | Path, shape: TreeShape, max_new: Option
     names = trace.meta.prompts or [f"trace/{p}" for p in range(trace.num_prompts)]
     eagle3 = eagle3_acc_len(trace, shape, max_new)
     return {
-        "schema": SCHEMA, "version": VERSION, "trace": str(stem), "label": LABEL,
-        "target": trace.meta.target, "drafter": trace.meta.drafter, "draft": trace.meta.draft,
-        "vocab_size": trace.vocab_needed(), "max_new": max_new,
-        "env": {"echo": {"SGLANG_ECHO_SIMULATE": str(stem)},
-                "eagle3": {"SGLANG_SIMULATE_ACC_LEN": str(eagle3["simulate_acc_len"])}},
+        "schema": SCHEMA,
+        "version": VERSION,
+        "trace": str(stem),
+        "label": LABEL,
+        "target": trace.meta.target,
+        "drafter": trace.meta.drafter,
+        "draft": trace.meta.draft,
+        "vocab_size": trace.vocab_needed(),
+        "max_new": max_new,
+        "env": {
+            "echo": {"SGLANG_ECHO_SIMULATE": str(stem)},
+            "eagle3": {"SGLANG_SIMULATE_ACC_LEN": str(eagle3["simulate_acc_len"])},
+        },
         "eagle3": eagle3,
         "prompts": [{"id": names[p], "input_ids": trace.prompt(p).tolist()} for p in range(trace.num_prompts)],
     }

@@ -136,7 +136,9 @@ class _Replayer:
         # The target's argmax at a depth-d node below root o_s is o_{s+d+1} (see module doc).
         req = trees.request_of_node
         idx = self.out_lo[prompt][req] + gen[req] + trees.depth
-        pred = torch.where(idx < self.out_hi[prompt][req], tr.output_tokens[idx.clamp(max=tr.output_tokens.numel() - 1)], -1)
+        pred = torch.where(
+            idx < self.out_hi[prompt][req], tr.output_tokens[idx.clamp(max=tr.output_tokens.numel() - 1)], -1
+        )
         vr = greedy_verify(trees, pred)
         acc = vr.accept_len
         sizes = trees.sizes
@@ -153,9 +155,16 @@ class _Replayer:
         return acc
 
 
-def replay_offline(trace: Trace, policy: TreePolicy, prompts: Sequence[int], *, k_max: int,
-                   max_new: Optional[int] = None, eos_id: Optional[int] = None,
-                   drafter: Optional[RecordedDrafter] = None) -> ReplayResult:
+def replay_offline(
+    trace: Trace,
+    policy: TreePolicy,
+    prompts: Sequence[int],
+    *,
+    k_max: int,
+    max_new: Optional[int] = None,
+    eos_id: Optional[int] = None,
+    drafter: Optional[RecordedDrafter] = None,
+) -> ReplayResult:
     """Replay :func:`speculative_generate` on trace prompts ``prompts`` as one fixed batch."""
     rp = _Replayer(trace, policy, drafter, k_max)
     B = len(prompts)
@@ -175,10 +184,19 @@ def replay_offline(trace: Trace, policy: TreePolicy, prompts: Sequence[int], *, 
     return res
 
 
-def replay_serving(trace: Trace, policy: TreePolicy, batch_size: int, *, k_max: int,
-                   max_new: Optional[int] = None, eos_id: Optional[int] = None,
-                   min_tokens: Optional[int] = None, min_steps: int = 32, max_steps: int = 100_000,
-                   drafter: Optional[RecordedDrafter] = None) -> ReplayResult:
+def replay_serving(
+    trace: Trace,
+    policy: TreePolicy,
+    batch_size: int,
+    *,
+    k_max: int,
+    max_new: Optional[int] = None,
+    eos_id: Optional[int] = None,
+    min_tokens: Optional[int] = None,
+    min_steps: int = 32,
+    max_steps: int = 100_000,
+    drafter: Optional[RecordedDrafter] = None,
+) -> ReplayResult:
     """Continuous batching at concurrency ``batch_size`` (see the module docstring)."""
     rp = _Replayer(trace, policy, drafter, k_max)
     P, B = trace.num_prompts, batch_size

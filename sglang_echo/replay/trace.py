@@ -164,7 +164,9 @@ class Trace:
         """[N] whether the node's root path matches the greedy continuation (so a verifier
         would accept it; roots are). Computed once per trace: every replayed policy reads it."""
         tree = self.tree_of_node()
-        prompt_of_tree = torch.repeat_interleave(torch.arange(self.num_prompts), self.tree_indptr[1:] - self.tree_indptr[:-1])
+        prompt_of_tree = torch.repeat_interleave(
+            torch.arange(self.num_prompts), self.tree_indptr[1:] - self.tree_indptr[:-1]
+        )
         pos = torch.arange(self.num_trees) - self.tree_indptr[:-1][prompt_of_tree]
         p = prompt_of_tree[tree]
         # The token that should sit at depth d below root o_s is o_{s+d}.
@@ -182,7 +184,9 @@ class Trace:
         """[T] depth of the longest root path that matches the greedy continuation (the accepted
         length an oracle verifier could reach inside the recorded tree)."""
         depth = torch.where(self.on_true_path, self.depth, torch.zeros_like(self.depth)).to(torch.int64)
-        return torch.zeros(self.num_trees, dtype=torch.int64).scatter_reduce(0, self.tree_of_node(), depth, reduce="amax")
+        return torch.zeros(self.num_trees, dtype=torch.int64).scatter_reduce(
+            0, self.tree_of_node(), depth, reduce="amax"
+        )
 
     @cached_property
     def path_scores(self) -> Tensor:

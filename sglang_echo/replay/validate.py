@@ -21,17 +21,37 @@ from .simulate import replay_offline
 from .trace import Trace
 
 
-def validate(trace: Trace, target, drafter, policies: dict[str, TreePolicy], prompts: Sequence[int], *,
-             batch: int, k_max: int, max_new: Optional[int] = None, eos_id: Optional[int] = None) -> list[dict]:
+def validate(
+    trace: Trace,
+    target,
+    drafter,
+    policies: dict[str, TreePolicy],
+    prompts: Sequence[int],
+    *,
+    batch: int,
+    k_max: int,
+    max_new: Optional[int] = None,
+    eos_id: Optional[int] = None,
+) -> list[dict]:
     from sglang_echo.eval.loop import speculative_generate
 
     max_new = max_new or trace.meta.max_new
     recorded = RecordedDrafter(trace)
     rows = []
     for name, policy in policies.items():
-        row = {"policy": name, "name": policy.name, "steps": 0, "request_steps": 0, "accept_mismatch_steps": 0,
-               "size_mismatch_steps": 0, "step_count_mismatch": 0, "output_mismatch": 0,
-               "live_committed": 0, "replay_committed": 0, "first_mismatch": None}
+        row = {
+            "policy": name,
+            "name": policy.name,
+            "steps": 0,
+            "request_steps": 0,
+            "accept_mismatch_steps": 0,
+            "size_mismatch_steps": 0,
+            "step_count_mismatch": 0,
+            "output_mismatch": 0,
+            "live_committed": 0,
+            "replay_committed": 0,
+            "first_mismatch": None,
+        }
         for lo in range(0, len(prompts), batch):
             idx = list(prompts[lo : lo + batch])
             live = speculative_generate(target, drafter, policy, [trace.prompt(p) for p in idx], max_new, eos_id)
@@ -47,12 +67,22 @@ def validate(trace: Trace, target, drafter, policies: dict[str, TreePolicy], pro
                 row["accept_mismatch_steps"] += bad_a
                 row["size_mismatch_steps"] += bad_s
                 if (bad_a or bad_s) and row["first_mismatch"] is None:
-                    row["first_mismatch"] = {"prompts": idx, "step": s, "live_accept": la.tolist(), "replay_accept": ra.tolist(),
-                                             "live_size": ls.tolist(), "replay_size": rs.tolist()}
+                    row["first_mismatch"] = {
+                        "prompts": idx,
+                        "step": s,
+                        "live_accept": la.tolist(),
+                        "replay_accept": ra.tolist(),
+                        "live_size": ls.tolist(),
+                        "replay_size": rs.tolist(),
+                    }
             for b, p in enumerate(idx):
                 n = trace.stream_length(p, max_new, eos_id)
                 row["output_mismatch"] += live.tokens[b] != trace.output(p)[:n].tolist()
-        row["exact"] = not (row["accept_mismatch_steps"] or row["size_mismatch_steps"] or row["step_count_mismatch"]
-                            or row["output_mismatch"])
+        row["exact"] = not (
+            row["accept_mismatch_steps"]
+            or row["size_mismatch_steps"]
+            or row["step_count_mismatch"]
+            or row["output_mismatch"]
+        )
         rows.append(row)
     return rows

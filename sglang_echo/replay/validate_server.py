@@ -66,10 +66,20 @@ def _trim(h: Sequence[int]) -> list[int]:
     return h
 
 
-def validate_server(trace: Trace, policies: dict, cfg: PolicyConfig, prompts: Sequence[int], *, port: int,
-                    calibration: Optional[Path] = None, max_new: Optional[int] = None,
-                    eos_id: Optional[int] = None, simulate: Optional[Path] = None,
-                    load_format: Optional[str] = None, progress=print) -> list[dict]:
+def validate_server(
+    trace: Trace,
+    policies: dict,
+    cfg: PolicyConfig,
+    prompts: Sequence[int],
+    *,
+    port: int,
+    calibration: Optional[Path] = None,
+    max_new: Optional[int] = None,
+    eos_id: Optional[int] = None,
+    simulate: Optional[Path] = None,
+    load_format: Optional[str] = None,
+    progress=print,
+) -> list[dict]:
     """One row per policy (``policies``: name -> the replay's :class:`TreePolicy`); ``simulate``:
     the trace's stem, to serve in simulated-acceptance mode (module docstring)."""
     from sglang_echo.serve.client import generate
@@ -84,27 +94,50 @@ def validate_server(trace: Trace, policies: dict, cfg: PolicyConfig, prompts: Se
         env = server_env(name, cfg, meta.drafter, calibration)
         if simulate is not None:
             env["SGLANG_ECHO_SIMULATE"] = str(Path(simulate).resolve())
-        opts = ServerOptions(model_path=Path(meta.target), port=port, spec="echo", dtype="float32",
-                             draft_path=Path(meta.draft) if meta.draft else None, enable_metrics=True,
-                             extra_env=tuple(sorted(env.items())), load_format=load_format)
-        row = {"policy": name, "simulated": simulate is not None, "requests": 0, "steps": 0, "step_mismatch": 0,
-               "accept_mismatch": 0, "size_mismatch": 0, "output_mismatch": 0, "first_mismatch": None}
+        opts = ServerOptions(
+            model_path=Path(meta.target),
+            port=port,
+            spec="echo",
+            dtype="float32",
+            draft_path=Path(meta.draft) if meta.draft else None,
+            enable_metrics=True,
+            extra_env=tuple(sorted(env.items())),
+            load_format=load_format,
+        )
+        row = {
+            "policy": name,
+            "simulated": simulate is not None,
+            "requests": 0,
+            "steps": 0,
+            "step_mismatch": 0,
+            "accept_mismatch": 0,
+            "size_mismatch": 0,
+            "output_mismatch": 0,
+            "first_mismatch": None,
+        }
         with SGLangServer(opts) as srv:
             for p in prompts:
                 got = generate(srv.base_url, input_ids=trace.prompt(p).tolist(), max_new_tokens=max_new)
-                rep = replay_offline(trace, policy, [p], k_max=cfg.k_max, max_new=max_new, eos_id=eos_id,
-                                     drafter=recorded)
+                rep = replay_offline(
+                    trace, policy, [p], k_max=cfg.k_max, max_new=max_new, eos_id=eos_id, drafter=recorded
+                )
                 n = trace.stream_length(p, max_new, eos_id)
-                server = {"steps": int(got.meta.get("spec_verify_ct", 0)),
-                          "accepted": _trim(got.meta.get("spec_correct_drafts_histogram")),
-                          "sizes": _trim(got.meta.get("spec_cap_lens_histogram"))}
-                replay = {"steps": rep.steps,
-                          "accepted": _histogram(int(a[0]) for a in rep.accept_len),
-                          "sizes": _histogram(int(s[0]) for s in rep.tree_size)}
-                bad = {"step_mismatch": server["steps"] != replay["steps"],
-                       "accept_mismatch": server["accepted"] != replay["accepted"],
-                       "size_mismatch": server["sizes"] != replay["sizes"],
-                       "output_mismatch": got.output_ids != trace.output(p)[:n].tolist()}
+                server = {
+                    "steps": int(got.meta.get("spec_verify_ct", 0)),
+                    "accepted": _trim(got.meta.get("spec_correct_drafts_histogram")),
+                    "sizes": _trim(got.meta.get("spec_cap_lens_histogram")),
+                }
+                replay = {
+                    "steps": rep.steps,
+                    "accepted": _histogram(int(a[0]) for a in rep.accept_len),
+                    "sizes": _histogram(int(s[0]) for s in rep.tree_size),
+                }
+                bad = {
+                    "step_mismatch": server["steps"] != replay["steps"],
+                    "accept_mismatch": server["accepted"] != replay["accepted"],
+                    "size_mismatch": server["sizes"] != replay["sizes"],
+                    "output_mismatch": got.output_ids != trace.output(p)[:n].tolist(),
+                }
                 for k, v in bad.items():
                     row[k] += int(v)
                 if any(bad.values()) and row["first_mismatch"] is None:
@@ -112,7 +145,9 @@ def validate_server(trace: Trace, policies: dict, cfg: PolicyConfig, prompts: Se
                 row["requests"] += 1
                 row["steps"] += replay["steps"]
         row["exact"] = not any(row[k] for k in ("step_mismatch", "accept_mismatch", "size_mismatch", "output_mismatch"))
-        progress(f"[echo-replay] server {name}: {row['requests']} requests, {row['steps']} steps, "
-                 f"{'exact' if row['exact'] else 'MISMATCH ' + str(row['first_mismatch'])}")
+        progress(
+            f"[echo-replay] server {name}: {row['requests']} requests, {row['steps']} steps, "
+            f"{'exact' if row['exact'] else 'MISMATCH ' + str(row['first_mismatch'])}"
+        )
         rows.append(row)
     return rows

@@ -47,8 +47,14 @@ def generate(
     return Generation(list(data["output_ids"]), data.get("text") or "", data.get("meta_info", {}))
 
 
-def _generate_body(input_ids: Sequence[int] | None = None, text: str | None = None, max_new_tokens: int = 32,
-                   temperature: float = 0.0, rid: str | None = None, **sampling: Any) -> dict[str, Any]:
+def _generate_body(
+    input_ids: Sequence[int] | None = None,
+    text: str | None = None,
+    max_new_tokens: int = 32,
+    temperature: float = 0.0,
+    rid: str | None = None,
+    **sampling: Any,
+) -> dict[str, Any]:
     if (input_ids is None) == (text is None):
         raise ValueError("pass exactly one of input_ids / text")
     body: dict[str, Any] = {
@@ -111,8 +117,11 @@ def generate_stream(base_url: str, *, timeout: float = 300.0, **request: Any) ->
 def _merge_meta(meta: dict[str, Any], chunk: dict[str, Any]) -> dict[str, Any]:
     """An incremental chunk's ``meta_info`` over the earlier ones: list fields (per-token records
     such as ``echo_tree_depth``) are concatenated, the others replaced."""
-    return {**meta, **chunk, **{k: meta[k] + v for k, v in chunk.items()
-                                if isinstance(v, list) and isinstance(meta.get(k), list)}}
+    return {
+        **meta,
+        **chunk,
+        **{k: meta[k] + v for k, v in chunk.items() if isinstance(v, list) and isinstance(meta.get(k), list)},
+    }
 
 
 def generate_many(
@@ -133,7 +142,7 @@ def sse_events(resp: requests.Response) -> Iterator[dict[str, Any]]:
     for raw in resp.iter_lines(chunk_size=None, decode_unicode=True):  # each chunk as it arrives
         if not raw or not raw.startswith("data:"):
             continue
-        payload = raw[len("data:"):].strip()
+        payload = raw[len("data:") :].strip()
         if payload == "[DONE]":
             return
         yield json.loads(payload)

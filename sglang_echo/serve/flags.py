@@ -175,8 +175,10 @@ def _spec_args(opts: ServerOptions) -> list[str]:
         return []
     if opts.spec == "ngram":
         return [
-            "--speculative-algorithm", "NGRAM",
-            "--speculative-num-draft-tokens", str(s.num_draft_tokens),
+            "--speculative-algorithm",
+            "NGRAM",
+            "--speculative-num-draft-tokens",
+            str(s.num_draft_tokens),
         ]
     if opts.spec in ("eagle3", "echo"):
         if opts.spec == "echo" and not echo_plugin_available():
@@ -200,11 +202,16 @@ def _spec_args(opts: ServerOptions) -> list[str]:
                 "sglang_echo.models.tiny.write_tiny_eagle3_draft)."
             )
         return [
-            "--speculative-algorithm", "EAGLE3",
-            "--speculative-draft-model-path", str(opts.draft_path),
-            "--speculative-num-steps", str(s.num_steps),
-            "--speculative-eagle-topk", str(s.eagle_topk),
-            "--speculative-num-draft-tokens", str(s.num_draft_tokens),
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            str(opts.draft_path),
+            "--speculative-num-steps",
+            str(s.num_steps),
+            "--speculative-eagle-topk",
+            str(s.eagle_topk),
+            "--speculative-num-draft-tokens",
+            str(s.num_draft_tokens),
         ]
     raise LaunchError(f"unknown --spec {opts.spec!r}; choose from {SPECS}")
 
@@ -246,14 +253,20 @@ def draft_slots_per_request(opts: ServerOptions) -> int:
     if opts.spec == "none":
         return 0
     s = opts.spec_options
-    steps, topk, tokens = (extra_int_flag(opts, "--speculative-" + name)
-                           for name in ("num-steps", "eagle-topk", "num-draft-tokens"))
+    steps, topk, tokens = (
+        extra_int_flag(opts, "--speculative-" + name) for name in ("num-steps", "eagle-topk", "num-draft-tokens")
+    )
     if opts.spec == "echo":
         from sglang_echo.integration.config import EchoConfigError, load_config
 
         try:
-            cfg = load_config(num_steps=steps, topk=topk, num_draft_tokens=tokens,
-                              environ={**os.environ, **dict(opts.extra_env)}, validate=False)
+            cfg = load_config(
+                num_steps=steps,
+                topk=topk,
+                num_draft_tokens=tokens,
+                environ={**os.environ, **dict(opts.extra_env)},
+                validate=False,
+            )
         except EchoConfigError as e:
             raise LaunchError(str(e)) from None
         steps, topk, tokens = cfg.max_depth, cfg.sglang_topk, cfg.resolved_width()
@@ -288,13 +301,21 @@ def model_load_args(opts: ServerOptions) -> list[str]:
 def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCommand:
     device = resolve_device(opts.device)
     argv = [
-        python, "-m", "sglang.launch_server",
-        "--model-path", str(opts.model_path),
-        "--host", opts.host,
-        "--port", str(opts.port),
-        "--nccl-port", str(opts.nccl_port if opts.nccl_port is not None else opts.port + 1),
-        "--random-seed", str(opts.random_seed),
-        "--log-level", opts.log_level,
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(opts.model_path),
+        "--host",
+        opts.host,
+        "--port",
+        str(opts.port),
+        "--nccl-port",
+        str(opts.nccl_port if opts.nccl_port is not None else opts.port + 1),
+        "--random-seed",
+        str(opts.random_seed),
+        "--log-level",
+        opts.log_level,
     ]
     max_running = opts.max_running_requests
     passed_through = extra_int_flag(opts, "--max-running-requests")  # sizes the pool; sglang reads it
@@ -306,12 +327,18 @@ def build_command(opts: ServerOptions, python: str = sys.executable) -> LaunchCo
         if os.environ.get("SGLANG_ECHO_MALLOC_TUNING", "1") != "0":
             env.update({k: v for k, v in CPU_MALLOC_ENV.items() if k not in os.environ})
         argv += [
-            "--device", "cpu",
-            "--attention-backend", CPU_ATTENTION_BACKEND,
-            "--sampling-backend", "pytorch",
-            "--cuda-graph-backend-decode", "disabled",
-            "--cuda-graph-backend-prefill", "disabled",
-            "--max-total-tokens", str(opts.max_total_tokens or cpu_kv_pool_tokens(opts, passed_through or max_running)),
+            "--device",
+            "cpu",
+            "--attention-backend",
+            CPU_ATTENTION_BACKEND,
+            "--sampling-backend",
+            "pytorch",
+            "--cuda-graph-backend-decode",
+            "disabled",
+            "--cuda-graph-backend-prefill",
+            "disabled",
+            "--max-total-tokens",
+            str(opts.max_total_tokens or cpu_kv_pool_tokens(opts, passed_through or max_running)),
             # The overlap scheduler's extra thread fights the compute threads for the few
             # cores: measured ~7x slower decode on the 2-core dev box (0.65 vs 0.09 s/token).
             "--disable-overlap-schedule",

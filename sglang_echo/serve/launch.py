@@ -20,9 +20,15 @@ from pathlib import Path
 
 from sglang_echo.cli_args import DTYPES, SERVER_DEVICES, Parser, model_dir, out_file, port, positive_int, run
 from sglang_echo.serve.flags import (
-    SPECS, LaunchError, ServerOptions, SpecOptions, build_command, dtype_reason, resolve_device, resolve_dtype,
+    SPECS,
+    LaunchError,
+    ServerOptions,
+    SpecOptions,
+    build_command,
+    dtype_reason,
+    resolve_device,
+    resolve_dtype,
 )
-
 
 PROG = "python -m sglang_echo.serve.launch"
 
@@ -33,20 +39,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--port", type=port, default=30000, help="the server's port (the next one: its NCCL port)")
     ap.add_argument("--host", default="127.0.0.1", help="the address the server listens on")
     ap.add_argument("--model", type=model_dir, default=None, help="target checkpoint (default: prepared SmolLM2)")
-    ap.add_argument("--draft", type=model_dir, default=None,
-                    help="EAGLE-3 draft head dir (eagle3/echo; default: the shipped head)")
-    ap.add_argument("--dtype", choices=DTYPES, default=None,
-                    help="(default: bfloat16 on GPUs and on CPUs with AMX, else float32: the faster one there)")
+    ap.add_argument(
+        "--draft", type=model_dir, default=None, help="EAGLE-3 draft head dir (eagle3/echo; default: the shipped head)"
+    )
+    ap.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="(default: bfloat16 on GPUs and on CPUs with AMX, else float32: the faster one there)",
+    )
     ap.add_argument("--device", choices=SERVER_DEVICES, default=None, help="(default: cuda if available)")
     ap.add_argument("--max-total-tokens", type=positive_int, default=None, help="the KV pool in tokens")
     ap.add_argument("--num-steps", type=positive_int, default=SpecOptions.num_steps, help="eagle3: draft steps")
     ap.add_argument("--eagle-topk", type=positive_int, default=SpecOptions.eagle_topk, help="eagle3: top-k per step")
-    ap.add_argument("--num-draft-tokens", type=positive_int, default=SpecOptions.num_draft_tokens,
-                    help="eagle3, ngram: draft tokens verified per step")
+    ap.add_argument(
+        "--num-draft-tokens",
+        type=positive_int,
+        default=SpecOptions.num_draft_tokens,
+        help="eagle3, ngram: draft tokens verified per step",
+    )
     ap.add_argument("--enable-metrics", action="store_true", help="sglang's Prometheus metrics")
-    ap.add_argument("--deterministic", action="store_true",
-                    help="batch-invariant serving (sglang's --enable-deterministic-inference): a request's "
-                         "tokens do not depend on what else runs, with or without speculation")
+    ap.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="batch-invariant serving (sglang's --enable-deterministic-inference): a request's "
+        "tokens do not depend on what else runs, with or without speculation",
+    )
     ap.add_argument("--log-file", type=out_file, default=None, help="send server output here instead of the terminal")
     ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: passed to sglang verbatim")
@@ -133,7 +151,10 @@ def _launch(args: argparse.Namespace) -> int:
         from sglang_echo.models.prepare import prepare_for_serving
 
         res = prepare_for_serving(args.dtype)
-        print(f"[sglang-echo] model: {res.path} ({args.dtype}; {'cached' if res.cached else f'prepared in {res.seconds:.0f}s'})")
+        print(
+            f"[sglang-echo] model: {res.path} ({args.dtype}; "
+            f"{'cached' if res.cached else f'prepared in {res.seconds:.0f}s'})"
+        )
         if chosen:
             print(f"[sglang-echo] dtype {args.dtype}: {dtype_reason(device)}")
         opts = replace(opts, model_path=res.path)
@@ -149,8 +170,10 @@ def _launch(args: argparse.Namespace) -> int:
             print(f"{PROG}: error: {e}", file=sys.stderr)
             return 2
         opts = replace(opts, draft_path=args.draft)
-        print(f"[sglang-echo] no --draft given: using the shipped {DRAFTER_NAMES[drafter]} head "
-              "(sglang_echo/assets/, see its README)")
+        print(
+            f"[sglang-echo] no --draft given: using the shipped {DRAFTER_NAMES[drafter]} head "
+            "(sglang_echo/assets/, see its README)"
+        )
     if args.spec == "echo":
         opts = with_cpu_budget(with_shipped_calibration(opts), device)
     cmd = build_command(opts)

@@ -128,8 +128,12 @@ class SGLangServer:
         try:
             # start_new_session: own process group, so stop() can kill sglang's children too.
             self.proc = subprocess.Popen(
-                die_with_parent(self.command.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                die_with_parent(self.command.argv),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         finally:
             log.close()  # the child holds its own descriptor
@@ -150,16 +154,14 @@ class SGLangServer:
             rc = self.proc.poll()
             if rc is not None:
                 raise ServerStartError(
-                    f"sglang exited with code {rc} during start-up; log: {self.log_path}\n"
-                    + self.log_tail()
+                    f"sglang exited with code {rc} during start-up; log: {self.log_path}\n" + self.log_tail()
                 )
             if self.healthy():
                 self.startup_seconds = time.monotonic() - t0
                 return self.startup_seconds
             time.sleep(0.5)
         raise ServerStartError(
-            f"sglang not healthy after {self.startup_timeout:.0f}s; log: {self.log_path}\n"
-            + self.log_tail()
+            f"sglang not healthy after {self.startup_timeout:.0f}s; log: {self.log_path}\n" + self.log_tail()
         )
 
     def alive(self) -> bool:
@@ -217,8 +219,9 @@ class SGLangServer:
         # Done when the next server can take the ports: a killed process's sockets outlive it
         # briefly (seen under load: the scheduler's rendezvous port, port + 1, still bound).
         host, port = self.opts.host, self.opts.port
-        _wait_until(lambda: all(map(_exited, children)) and port_is_free(port, host) and port_is_free(port + 1, host),
-                    grace)
+        _wait_until(
+            lambda: all(map(_exited, children)) and port_is_free(port, host) and port_is_free(port + 1, host), grace
+        )
 
     def log_tail(self, n: int = 60) -> str:
         try:

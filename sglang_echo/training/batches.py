@@ -18,7 +18,9 @@ class Batch:
     prompt_lengths: Tensor  # [B]
 
     def to(self, device) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=True) for t in (self.tokens, self.features, self.lengths, self.prompt_lengths)))
+        return Batch(
+            *(t.to(device, non_blocking=True) for t in (self.tokens, self.features, self.lengths, self.prompt_lengths))
+        )
 
     @property
     def num_tokens(self) -> int:

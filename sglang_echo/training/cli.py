@@ -24,7 +24,17 @@ from pathlib import Path
 import torch
 
 from sglang_echo.cli_args import (
-    DTYPES, Parser, alias, at_least, between, check_device, count, model_dir, out_dir, positive_int, run,
+    DTYPES,
+    Parser,
+    alias,
+    at_least,
+    between,
+    check_device,
+    count,
+    model_dir,
+    out_dir,
+    positive_int,
+    run,
 )
 from sglang_echo.cli_args import device as device_arg
 from sglang_echo.platform.packed_linear import pack_linears
@@ -78,47 +88,93 @@ def parser() -> Parser:
     add("--out", type=out_dir, required=True, help="the head's folder (checkpoints, data and report in it)")
     add("--data", type=out_dir, default=None, help="self-distillation folder (default: OUT/data)")
     add("--num-prompts", type=positive_int, default=1280, help="prompts of the pool the target answers")
-    add("--prompt-offset", type=count, default=0,
-        help="start at this pool prompt (e.g. past the data an --init-from head was trained on)")
+    add(
+        "--prompt-offset",
+        type=count,
+        default=0,
+        help="start at this pool prompt (e.g. past the data an --init-from head was trained on)",
+    )
     add("--max-new-tokens", type=positive_int, default=192, help="tokens the target generates per prompt")
     add("--epochs", type=positive, default=2.0)
     add("--ttt-steps", type=positive_int, default=5, help="EAGLE-3: training-time test steps")
-    add("--eagle3-teacher", choices=("target", "labels"), default="labels",
-        help="EAGLE-3: CE on the greedy labels, or KL to the target's distribution as SpecForge trains")
-    add("--init-from", type=model_dir, default=None,
-        help="go on training this head of --kind (same target, geometry and draft vocabulary) instead of a fresh one")
+    add(
+        "--eagle3-teacher",
+        choices=("target", "labels"),
+        default="labels",
+        help="EAGLE-3: CE on the greedy labels, or KL to the target's distribution as SpecForge trains",
+    )
+    add(
+        "--init-from",
+        type=model_dir,
+        default=None,
+        help="go on training this head of --kind (same target, geometry and draft vocabulary) instead of a fresh one",
+    )
     add("--dart-depth", type=at_least(2), default=8, help="DART: shifted logits per forward (d; d-1 mask positions)")
     add("--dart-gamma", type=fraction, default=0.6, help="DART: KL weight of output k is gamma^(k-1)")
-    add("--dart-teacher", choices=("target", "labels"), default="target",
+    add(
+        "--dart-teacher",
+        choices=("target", "labels"),
+        default="target",
         help="DART: KL to the target's distribution (its last layers on the captured features) or CE on the "
-             "greedy labels")
-    add("--dart-shared-mask", action="store_true",
-        help="DART: one mask vector for all positions (released DART layout)")
+        "greedy labels",
+    )
+    add(
+        "--dart-shared-mask", action="store_true", help="DART: one mask vector for all positions (released DART layout)"
+    )
     add("--block-size", type=at_least(2), default=8, help="DFlash: block size (anchor + block_size-1 masks)")
     add("--draft-layers", type=positive_int, default=2, help="DFlash: draft decoder layers")
     add("--anchor-fraction", type=fraction, default=0.25, help="DFlash: anchors per answer token per sequence")
-    add("--dflash-gamma", type=positive, default=None,
-        help="DFlash: loss decay exp(-(k-1)/gamma) (default: the paper's 4/5/7 for bs 8/10/16)")
-    add("--mask-token-id", type=count, default=None,
-        help="DFlash: mask token id (default: from the target's tokenizer)")
+    add(
+        "--dflash-gamma",
+        type=positive,
+        default=None,
+        help="DFlash: loss decay exp(-(k-1)/gamma) (default: the paper's 4/5/7 for bs 8/10/16)",
+    )
+    add(
+        "--mask-token-id", type=count, default=None, help="DFlash: mask token id (default: from the target's tokenizer)"
+    )
     add("--draft-vocab", type=positive_int, default=8192, help="the head's draft vocabulary")
     add("--batch-tokens", type=positive_int, default=4096, help="tokens per training batch")
     add("--lr", type=positive, default=5e-4, help="peak learning rate")
     add("--warmup-steps", type=count, default=50)
-    add("--eval-fraction", type=between(0.0, 1.0, low_open=True, high_open=True), default=0.03,
-        help="held-out share of the sequences")
+    add(
+        "--eval-fraction",
+        type=between(0.0, 1.0, low_open=True, high_open=True),
+        default=0.03,
+        help="held-out share of the sequences",
+    )
     add("--save-every", type=positive_int, default=100, help="checkpoint every this many steps")
     add("--seed", type=int, default=0)
-    add("--device", type=device_arg, default=None,
-        help="where the target and the head run (default: cuda if available, else cpu)")
-    add("--precision", choices=("auto", *PRECISIONS), default="auto",
-        help="training forward: bf16 autocast or fp32 (auto: bf16 on GPUs and on CPUs with bf16 units)")
-    add("--gen-dtype", choices=DTYPES, default="float32",
-        help="target dtype for self-distillation (bfloat16 is ~1.5x faster on bf16 CPUs)")
-    add("--gen-backend", choices=BACKENDS, default="server",
-        help="who answers the prompt pool: the sglang server (continuous batching) or transformers' generate")
-    add("--gen-batch", type=positive_int, default=64,
-        help="self-distillation requests in flight (server) or per generate call (hf)")
+    add(
+        "--device",
+        type=device_arg,
+        default=None,
+        help="where the target and the head run (default: cuda if available, else cpu)",
+    )
+    add(
+        "--precision",
+        choices=("auto", *PRECISIONS),
+        default="auto",
+        help="training forward: bf16 autocast or fp32 (auto: bf16 on GPUs and on CPUs with bf16 units)",
+    )
+    add(
+        "--gen-dtype",
+        choices=DTYPES,
+        default="float32",
+        help="target dtype for self-distillation (bfloat16 is ~1.5x faster on bf16 CPUs)",
+    )
+    add(
+        "--gen-backend",
+        choices=BACKENDS,
+        default="server",
+        help="who answers the prompt pool: the sglang server (continuous batching) or transformers' generate",
+    )
+    add(
+        "--gen-batch",
+        type=positive_int,
+        default=64,
+        help="self-distillation requests in flight (server) or per generate call (hf)",
+    )
     alias(ap, "--model", "--target")
     alias(ap, "--num-prompts", "--prompts")
     alias(ap, "--max-new-tokens", "--max-new", "--max-tokens")
@@ -143,8 +199,17 @@ def _train(args) -> None:
         target = prepare(dtype="float32").path
     data = args.data or args.out / "data"
     t0 = time.time()
-    generate(target, data, args.num_prompts, args.max_new_tokens, batch=args.gen_batch, dtype=args.gen_dtype, device=device,
-             backend=args.gen_backend, offset=args.prompt_offset)
+    generate(
+        target,
+        data,
+        args.num_prompts,
+        args.max_new_tokens,
+        batch=args.gen_batch,
+        dtype=args.gen_dtype,
+        device=device,
+        backend=args.gen_backend,
+        offset=args.prompt_offset,
+    )
 
     from transformers import AutoModelForCausalLM
 
@@ -160,32 +225,60 @@ def _train(args) -> None:
     n_eval = max(1, int(len(seqs) * args.eval_fraction))
     eval_seqs, train_seqs = [seqs[i] for i in perm[:n_eval]], [seqs[i] for i in perm[n_eval:]]
     model, loss_fn, save_fn = KINDS[args.kind](target, train_seqs, args)
-    cfg = TrainConfig(epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens, warmup_steps=args.warmup_steps,
-                      save_every=args.save_every, seed=args.seed)
+    cfg = TrainConfig(
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_tokens=args.batch_tokens,
+        warmup_steps=args.warmup_steps,
+        save_every=args.save_every,
+        seed=args.seed,
+    )
     start_acc = None
     if args.init_from is not None:  # the head before this run, on the same held-out sequences
         model.to(device).eval()
-        start_acc = [round(a, 4) for a in evaluate(model, loss_fn, eval_seqs, cfg.batch_tokens, device, precision).tolist()]
+        start_acc = [
+            round(a, 4) for a in evaluate(model, loss_fn, eval_seqs, cfg.batch_tokens, device, precision).tolist()
+        ]
         print(f"[train] --init-from head, held-out top-1 per step: {start_acc}")
     report = train(model, loss_fn, save_fn, train_seqs, eval_seqs, cfg, args.out, device=device, precision=precision)
     model.save(args.out, dtype=torch.bfloat16)
-    report.update(kind=args.kind, target=str(target), captured_layers=list(layers), ttt_steps=args.ttt_steps,
-                  draft_vocab=args.draft_vocab, train_config=asdict(cfg), prompts=args.num_prompts,
-                  prompt_offset=args.prompt_offset, init_from=str(args.init_from) if args.init_from else None,
-                  init_eval_top1_per_step=start_acc, device=device,
-                  precision=precision, gen_dtype=args.gen_dtype, gen_backend=args.gen_backend,
-                  wall_seconds=round(time.time() - t0))
+    report.update(
+        kind=args.kind,
+        target=str(target),
+        captured_layers=list(layers),
+        ttt_steps=args.ttt_steps,
+        draft_vocab=args.draft_vocab,
+        train_config=asdict(cfg),
+        prompts=args.num_prompts,
+        prompt_offset=args.prompt_offset,
+        init_from=str(args.init_from) if args.init_from else None,
+        init_eval_top1_per_step=start_acc,
+        device=device,
+        precision=precision,
+        gen_dtype=args.gen_dtype,
+        gen_backend=args.gen_backend,
+        wall_seconds=round(time.time() - t0),
+    )
     if args.kind == "eagle3":
         report.update(eagle3_teacher=args.eagle3_teacher)
     if args.kind == "dart":
-        report.update(dart_depth=args.dart_depth, dart_gamma=args.dart_gamma, dart_teacher=args.dart_teacher,
-                      dart_shared_mask=args.dart_shared_mask)
+        report.update(
+            dart_depth=args.dart_depth,
+            dart_gamma=args.dart_gamma,
+            dart_teacher=args.dart_teacher,
+            dart_shared_mask=args.dart_shared_mask,
+        )
     if args.kind == "dflash":
         from .dflash import default_gamma
 
-        report.update(block_size=args.block_size, draft_layers=args.draft_layers, anchor_fraction=args.anchor_fraction,
-                      dflash_gamma=args.dflash_gamma or default_gamma(args.block_size),
-                      target_layer_ids=list(model.cfg.target_layer_ids), mask_token_id=model.cfg.mask_token_id)
+        report.update(
+            block_size=args.block_size,
+            draft_layers=args.draft_layers,
+            anchor_fraction=args.anchor_fraction,
+            dflash_gamma=args.dflash_gamma or default_gamma(args.block_size),
+            target_layer_ids=list(model.cfg.target_layer_ids),
+            mask_token_id=model.cfg.mask_token_id,
+        )
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 

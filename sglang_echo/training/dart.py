@@ -37,8 +37,8 @@ from torch import Tensor
 from sglang_echo.drafters.dart_head import DartConfig, DartHead
 
 from .batches import Batch
-from .teacher import TargetTail, kl_to_teacher
 from .target import target_weights
+from .teacher import TargetTail, kl_to_teacher
 
 GAMMA = 0.6  # DART's annealing coefficient: output k is weighted gamma^(k-1)
 
@@ -132,8 +132,9 @@ def build(target: Path, seqs, args):
     cfg, embed, lm_head, norm = t.config, t.embed, t.lm_head, t.norm
     L = cfg["num_hidden_layers"]
     depth = getattr(args, "dart_depth", 8)
-    head_cfg = DartConfig.for_target(cfg, args.draft_vocab, captured_layers(L), depth=depth,
-                                     shared_mask=getattr(args, "dart_shared_mask", False))
+    head_cfg = DartConfig.for_target(
+        cfg, args.draft_vocab, captured_layers(L), depth=depth, shared_mask=getattr(args, "dart_shared_mask", False)
+    )
     head, ids = start_head(DartHead, head_cfg, cfg, (embed, lm_head, norm), seqs, args)
     if getattr(args, "init_from", None) is None:
         with torch.no_grad():  # masks start as "no information": zero residual -> uniform logits at init
@@ -143,4 +144,3 @@ def build(target: Path, seqs, args):
         teacher = TargetTail.for_features(target, head_cfg.aux_layer_ids, ids)
     loss_fn = partial(dart_loss, gamma=getattr(args, "dart_gamma", GAMMA), teacher=teacher)
     return head, loss_fn, lambda out: head.save(out, dtype=torch.float32)
-

@@ -33,7 +33,6 @@ from sglang_echo.serve.flags import resolve_device
 from .prompt_pool import build_pool, prompt_text
 from .shards import write_shard
 
-
 BACKENDS = ("server", "hf")
 SERVER_PORTS = (31600, 31699)  # below Linux's ephemeral ports, apart from the test suites' ranges
 MANIFEST = "data.json"  # the settings that made a data directory (check_manifest)
@@ -72,8 +71,13 @@ def answer(tok, model, prompts: list[Prompt], max_new: int) -> list[tuple[list[i
     for i, row in enumerate(ids):  # left padding: every row's last prompt token is at T - 1
         input_ids[i, T - len(row) :], attention[i, T - len(row) :] = torch.tensor(row), 1
     dev = model.device
-    out = model.generate(input_ids=input_ids.to(dev), attention_mask=attention.to(dev), max_new_tokens=max_new, do_sample=False,
-                         pad_token_id=tok.pad_token_id)
+    out = model.generate(
+        input_ids=input_ids.to(dev),
+        attention_mask=attention.to(dev),
+        max_new_tokens=max_new,
+        do_sample=False,
+        pad_token_id=tok.pad_token_id,
+    )
     return [up_to_eos(prompt, out[i, T:].cpu().tolist(), tok.eos_token_id) for i, prompt in enumerate(ids)]
 
 
@@ -93,8 +97,14 @@ class ServerAnswers:
         self.concurrency = concurrency
         # KV room for every request in flight (pool prompts are a few hundred tokens at most)
         kv_tokens = max(CPU_MAX_TOTAL_TOKENS, concurrency * (max_new + 512))
-        opts = ServerOptions(model_path=Path(model_dir), port=find_free_port_pair(*SERVER_PORTS), dtype=dtype,
-                             device=device, max_running_requests=concurrency, max_total_tokens=kv_tokens)
+        opts = ServerOptions(
+            model_path=Path(model_dir),
+            port=find_free_port_pair(*SERVER_PORTS),
+            dtype=dtype,
+            device=device,
+            max_running_requests=concurrency,
+            max_total_tokens=kv_tokens,
+        )
         self.server = SGLangServer(opts, log_path=log_dir / "datagen-server.log")
 
     def __enter__(self) -> "ServerAnswers":
@@ -104,7 +114,9 @@ class ServerAnswers:
     def __exit__(self, *exc) -> None:
         self.server.__exit__(*exc)
 
-    def answer_shards(self, shards: list[list[Prompt]], max_new: int, bar: tqdm) -> Iterator[list[tuple[list[int], int]]]:
+    def answer_shards(
+        self, shards: list[list[Prompt]], max_new: int, bar: tqdm
+    ) -> Iterator[list[tuple[list[int], int]]]:
         """Each shard's rows, in order. Every prompt is queued at once, so the server stays full
         across shard boundaries; an interruption cancels what has not started."""
         from sglang_echo.serve.client import generate
@@ -136,7 +148,9 @@ class HFAnswers:
     def __exit__(self, *exc) -> None:
         pass
 
-    def answer_shards(self, shards: list[list[Prompt]], max_new: int, bar: tqdm) -> Iterator[list[tuple[list[int], int]]]:
+    def answer_shards(
+        self, shards: list[list[Prompt]], max_new: int, bar: tqdm
+    ) -> Iterator[list[tuple[list[int], int]]]:
         """Each shard's rows, in order; similar prompt lengths share a ``generate`` call (less left
         padding)."""
         for prompts in shards:
@@ -158,15 +172,27 @@ def check_manifest(out: Path, settings: dict) -> None:
     if path.exists():
         saved = json.loads(path.read_text())
         if saved != settings:
-            raise ValueError(f"{out} holds self-distillation data made with {saved}, not {settings}: "
-                             "use another directory, or the same settings")
+            raise ValueError(
+                f"{out} holds self-distillation data made with {saved}, not {settings}: "
+                "use another directory, or the same settings"
+            )
     else:
         path.write_text(json.dumps(settings, indent=2) + "\n")
 
 
-def generate(model_dir: str | Path, out: str | Path, prompts: int, max_new: int = 192, batch: int = 32,
-             shard_size: int = 128, seed: int = 0, dtype: str = "float32", device: str = "cpu",
-             backend: str = "server", offset: int = 0) -> None:
+def generate(
+    model_dir: str | Path,
+    out: str | Path,
+    prompts: int,
+    max_new: int = 192,
+    batch: int = 32,
+    shard_size: int = 128,
+    seed: int = 0,
+    dtype: str = "float32",
+    device: str = "cpu",
+    backend: str = "server",
+    offset: int = 0,
+) -> None:
     """Answer pool prompts ``offset .. offset + prompts - 1`` with the target into
     ``out/shard-*.safetensors`` (resumable). An offset past an earlier run's prompts gives new data
     (a smaller pool is a prefix of a larger one).
@@ -182,8 +208,11 @@ def generate(model_dir: str | Path, out: str | Path, prompts: int, max_new: int 
     todo = [k for k in range(len(shards)) if not (out / f"shard-{k:05d}.safetensors").exists()]
     if not todo:
         return
-    target = (ServerAnswers(model_dir, dtype, device, max_new, batch, out) if backend == "server"
-              else HFAnswers(model_dir, dtype, device, batch))
+    target = (
+        ServerAnswers(model_dir, dtype, device, max_new, batch, out)
+        if backend == "server"
+        else HFAnswers(model_dir, dtype, device, batch)
+    )
     bar = tqdm(total=len(pool), initial=(len(shards) - len(todo)) * shard_size, desc="self-distillation", unit="prompt")
     with target:
         for k, rows in zip(todo, target.answer_shards([shards[k] for k in todo], max_new, bar)):
@@ -206,7 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default=None, help="default: cuda where available, else cpu")
     a = ap.parse_args(argv)
     a.device = resolve_device(a.device)
-    generate(a.model, a.out, a.prompts, a.max_new, a.batch, a.shard_size, a.seed, a.dtype, a.device, a.backend, a.offset)
+    generate(
+        a.model, a.out, a.prompts, a.max_new, a.batch, a.shard_size, a.seed, a.dtype, a.device, a.backend, a.offset
+    )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,8 @@ from torch import Tensor
 from sglang_echo.drafters.dflash_head import DEFAULT_MASK_TOKEN, DFlashConfig, DFlashHead
 
 from .batches import Batch
-from .trainer import require_geometry
 from .target import target_weights
+from .trainer import require_geometry
 
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 ANCHOR_STATE = "dflash_anchors.json"
@@ -83,8 +83,11 @@ def resolve_mask_token(target: Path, vocab_size: int) -> tuple[int, Optional[str
     tok_file, cfg_file = Path(target) / "tokenizer.json", Path(target) / "tokenizer_config.json"
     added = []
     if tok_file.exists():
-        added = [(int(a["id"]), a["content"]) for a in json.loads(tok_file.read_text()).get("added_tokens", [])
-                 if a.get("special", True) and int(a["id"]) < vocab_size]
+        added = [
+            (int(a["id"]), a["content"])
+            for a in json.loads(tok_file.read_text()).get("added_tokens", [])
+            if a.get("special", True) and int(a["id"]) < vocab_size
+        ]
     tcfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
     named = {tcfg.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
     by_name = {c: i for i, c in added}
@@ -130,8 +133,9 @@ class AnchorSampler:
         return anchors.masked_fill(~keep, 0).to(tokens.device), keep.to(tokens.device)
 
 
-def block_inputs(head: DFlashHead, batch: Batch, anchors: Tensor,
-                 keep: Tensor) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]], Tensor]:
+def block_inputs(
+    head: DFlashHead, batch: Batch, anchors: Tensor, keep: Tensor
+) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]], Tensor]:
     """What :meth:`DFlashHead.forward_blocks` takes for every block of every sequence, side by side
     (module docstring): block tokens and positions ``[B, N * bs]``, the context K/V per layer, and
     the context mask ``[B, 1, N * bs, T]``; each block sees only itself (``group=block_size``)."""
@@ -156,8 +160,9 @@ def block_hidden(head: DFlashHead, batch: Batch, anchors: Tensor, keep: Tensor) 
     return hid.view(*anchors.shape, bs, -1)
 
 
-def dflash_loss(head: DFlashHead, batch: Batch, sampler: AnchorSampler, gamma: float,
-                lm_head_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor, Tensor]:
+def dflash_loss(
+    head: DFlashHead, batch: Batch, sampler: AnchorSampler, gamma: float, lm_head_dtype: Optional[torch.dtype] = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """(weighted CE, correct top-1 per block position 1..bs-1, labelled positions per block position).
 
     ``lm_head_dtype`` (bf16 for the CLI): in training mode the forward runs under autocast to it and
@@ -232,8 +237,14 @@ def build(target: Path, seqs, args):
     if mask_id is None:
         mask_id, mask_tok = resolve_mask_token(Path(target), cfg["vocab_size"])
     bs = getattr(args, "block_size", 8)
-    head_cfg = DFlashConfig.for_target(cfg, num_hidden_layers=getattr(args, "draft_layers", 2), block_size=bs,
-                                       target_layer_ids=target_layer_ids(L), mask_token_id=mask_id, mask_token=mask_tok)
+    head_cfg = DFlashConfig.for_target(
+        cfg,
+        num_hidden_layers=getattr(args, "draft_layers", 2),
+        block_size=bs,
+        target_layer_ids=target_layer_ids(L),
+        mask_token_id=mask_id,
+        mask_token=mask_tok,
+    )
     if getattr(args, "init_from", None) is not None:  # go on training a head of this geometry
         head = require_geometry(DFlashHead.load(args.init_from, embed, lm_head, L), head_cfg, args.init_from)
     else:
@@ -247,5 +258,17 @@ def build(target: Path, seqs, args):
     return head, loss_fn, partial(save_checkpoint, head, sampler)
 
 
-__all__ = ["AnchorSampler", "block_hidden", "block_inputs", "build", "captured_layers", "default_gamma", "dflash_loss", "init_head",
-           "resolve_mask_token", "resumable_sampler", "save_checkpoint", "target_layer_ids"]
+__all__ = [
+    "AnchorSampler",
+    "block_hidden",
+    "block_inputs",
+    "build",
+    "captured_layers",
+    "default_gamma",
+    "dflash_loss",
+    "init_head",
+    "resolve_mask_token",
+    "resumable_sampler",
+    "save_checkpoint",
+    "target_layer_ids",
+]

@@ -53,15 +53,23 @@ def draft_vocab(seqs: list[Sequence], size: int, vocab_size: int, special: tuple
     return torch.tensor(sorted(keep), dtype=torch.long)
 
 
-def start_head(cls: type[Eagle3Head], head_cfg, target_cfg: dict, weights: tuple[Tensor, Tensor, Tensor], seqs: list[Sequence],
-               args) -> tuple[Eagle3Head, Tensor]:
+def start_head(
+    cls: type[Eagle3Head],
+    head_cfg,
+    target_cfg: dict,
+    weights: tuple[Tensor, Tensor, Tensor],
+    seqs: list[Sequence],
+    args,
+) -> tuple[Eagle3Head, Tensor]:
     """(head, its draft vocabulary ids) to train: ``args.init_from``'s head, which must have this
     geometry (its draft vocabulary is kept), or a fresh one with :func:`init_head`'s start.
     ``cls`` is :class:`Eagle3Head` or a subclass (DART's); ``weights`` the target's embedding, LM
     head and final norm."""
     embed, lm_head, norm = weights
     if getattr(args, "init_from", None) is not None:
-        head = require_geometry(cls.load(args.init_from, embed, target_cfg["num_hidden_layers"]), head_cfg, args.init_from)
+        head = require_geometry(
+            cls.load(args.init_from, embed, target_cfg["num_hidden_layers"]), head_cfg, args.init_from
+        )
         return head, head.t2d.nonzero().flatten()
     special = tuple(t for t in (target_cfg.get("bos_token_id"), target_cfg.get("eos_token_id")) if t is not None)
     ids = draft_vocab(seqs, args.draft_vocab, target_cfg["vocab_size"], special)
@@ -90,7 +98,9 @@ def init_head(head: Eagle3Head, ids: Tensor, target_lm_head: Tensor, target_norm
         head.norm.weight.copy_(target_norm.to(head.norm.weight.dtype))
 
 
-def _attend_ttt(q: Tensor, k0: Tensor, v0: Tensor, diag_k: list[Tensor], diag_v: list[Tensor], causal: Tensor) -> Tensor:
+def _attend_ttt(
+    q: Tensor, k0: Tensor, v0: Tensor, diag_k: list[Tensor], diag_v: list[Tensor], causal: Tensor
+) -> Tensor:
     """Step-j attention: causal over step-0 keys plus each earlier step's key at the same index."""
     rep = q.shape[1] // k0.shape[1]
     k0, v0 = k0.repeat_interleave(rep, 1), v0.repeat_interleave(rep, 1)
@@ -130,8 +140,9 @@ def ttt_unroll(head: Eagle3Head, batch: Batch, steps: int) -> Iterator[Tensor]:
         yield hidden
 
 
-def ttt_loss(head: Eagle3Head, batch: Batch, steps: int, teacher: TargetTail | None = None
-             ) -> tuple[Tensor, Tensor, Tensor]:
+def ttt_loss(
+    head: Eagle3Head, batch: Batch, steps: int, teacher: TargetTail | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """(weighted loss, correct top-1 per step [steps], counted labels per step [steps]).
 
     Without a teacher each step's term is the cross-entropy on the greedy labels inside the draft

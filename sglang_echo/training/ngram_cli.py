@@ -25,6 +25,7 @@ from sglang_echo.drafters.ngram_trie import NGramTrie, NGramTrieError
 
 from .shards import read_shard
 
+
 def _vocab_size(tokenizer_dir: Path, tok) -> int:
     cfg = Path(tokenizer_dir) / "config.json"
     if cfg.is_file():
@@ -38,8 +39,9 @@ def _shard_docs(shard: Path, answers_only: bool) -> Iterator[Tensor]:
     try:
         rows = read_shard(shard)
     except Exception as e:  # noqa: BLE001
-        raise NGramTrieError(f"{shard}: not a self-distillation shard (input_ids/lengths/prompt_lengths): {e}"
-                             ) from None
+        raise NGramTrieError(
+            f"{shard}: not a self-distillation shard (input_ids/lengths/prompt_lengths): {e}"
+        ) from None
     for seq, plen in rows:
         yield seq[plen:] if answers_only else seq
 
@@ -113,8 +115,12 @@ def _input(text: str) -> Path:
 def parser() -> Parser:
     ap = Parser(prog="echo-build-ngram", description=__doc__.splitlines()[0] + " " + __doc__.splitlines()[1])
     ap.add_argument("inputs", nargs="+", type=_input, help="shard folders/files, .jsonl or text files")
-    ap.add_argument("--model", type=tokenizer_dir, required=True,
-                    help="the target's model folder (its tokenizer; config.json for the vocabulary size)")
+    ap.add_argument(
+        "--model",
+        type=tokenizer_dir,
+        required=True,
+        help="the target's model folder (its tokenizer; config.json for the vocabulary size)",
+    )
     ap.add_argument("--out", type=out_file, required=True, help="output .safetensors file")
     ap.add_argument("--order", type=at_least(1), default=3, help="n-gram order (DART: 3)")
     ap.add_argument("--min-count", type=positive_int, default=1, help="drop n-grams (n >= 2) seen fewer times")
@@ -136,13 +142,23 @@ def _build(args: argparse.Namespace) -> None:
     t0 = time.time()
     tok = AutoTokenizer.from_pretrained(str(args.model))
     docs = tqdm(corpus(args.inputs, tok, args.answers_only), desc="n-grams", unit="doc")
-    trie = NGramTrie.build(docs, _vocab_size(args.model, tok), args.order, args.min_count, meta={
-        "tokenizer": str(args.model), "source": ",".join(str(p) for p in args.inputs),
-        "answers_only": args.answers_only})
+    trie = NGramTrie.build(
+        docs,
+        _vocab_size(args.model, tok),
+        args.order,
+        args.min_count,
+        meta={
+            "tokenizer": str(args.model),
+            "source": ",".join(str(p) for p in args.inputs),
+            "answers_only": args.answers_only,
+        },
+    )
     trie.save(args.out)
     levels = ", ".join(f"{n}-grams {k.numel()}" for n, k in enumerate(trie.keys, 1))
-    print(f"wrote {args.out}: {trie.meta['sequences']} sequences, {trie.meta['tokens']} tokens, {levels}; "
-          f"{args.out.stat().st_size / 1e6:.2f} MB in {time.time() - t0:.1f}s")
+    print(
+        f"wrote {args.out}: {trie.meta['sequences']} sequences, {trie.meta['tokens']} tokens, {levels}; "
+        f"{args.out.stat().st_size / 1e6:.2f} MB in {time.time() - t0:.1f}s"
+    )
 
 
 if __name__ == "__main__":

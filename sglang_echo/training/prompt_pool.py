@@ -28,14 +28,36 @@ from pathlib import Path
 from sglang_echo.models.prompts import Prompt
 
 from .pool_vocab import (
-    ACTIVITIES, AUDIENCES, CHAT_TEMPLATES, CODE_TASKS, CODE_TEMPLATES, FORMATS, MATH_TEMPLATES,
-    PAIRS, PERSONS, SUBJECTS, TASK_TEMPLATES, THINGS,
+    ACTIVITIES,
+    AUDIENCES,
+    CHAT_TEMPLATES,
+    CODE_TASKS,
+    CODE_TEMPLATES,
+    FORMATS,
+    MATH_TEMPLATES,
+    PAIRS,
+    PERSONS,
+    SUBJECTS,
+    TASK_TEMPLATES,
+    THINGS,
 )
 
 # Share of each source in a pool; a source that runs out of distinct prompts hands its share on.
 MIX = {"chat": 0.50, "code-chat": 0.12, "code": 0.16, "math": 0.12, "summarize": 0.10}
-_SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "tkinter", "turtledemo", "site-packages", "ensurepip",
-              "pydoc_data", "encodings", "__phello__", "msilib"}
+_SKIP_DIRS = {
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "tkinter",
+    "turtledemo",
+    "site-packages",
+    "ensurepip",
+    "pydoc_data",
+    "encodings",
+    "__phello__",
+    "msilib",
+}
 STEP_BY_STEP = " Think step by step, then give the final answer after '####'."
 
 
@@ -45,8 +67,14 @@ def _chat(rng: random.Random) -> str:
         return rng.choice(CHAT_TEMPLATES).format(s=s, t=t, a=rng.choice(AUDIENCES), f=rng.choice(FORMATS))
     a, b = rng.choice(PAIRS)
     return rng.choice(TASK_TEMPLATES).format(
-        act=rng.choice(ACTIVITIES), thing=rng.choice(THINGS), p=rng.choice(PERSONS), s=rng.choice(SUBJECTS),
-        x=a, y=b, n=rng.randint(2, 7), f=rng.choice(FORMATS),
+        act=rng.choice(ACTIVITIES),
+        thing=rng.choice(THINGS),
+        p=rng.choice(PERSONS),
+        s=rng.choice(SUBJECTS),
+        x=a,
+        y=b,
+        n=rng.randint(2, 7),
+        f=rng.choice(FORMATS),
     )
 
 
@@ -88,8 +116,15 @@ def _add_function(stubs: dict, descriptions: dict, node: ast.FunctionDef, method
         return
     args = node.args
     if method and args.args and args.args[0].arg in ("self", "cls"):
-        args = ast.arguments(args.posonlyargs, args.args[1:], args.vararg, args.kwonlyargs, args.kw_defaults,
-                             args.kwarg, args.defaults[-len(args.args[1:]):] if args.args[1:] else [])
+        args = ast.arguments(
+            args.posonlyargs,
+            args.args[1:],
+            args.vararg,
+            args.kwonlyargs,
+            args.kw_defaults,
+            args.kwarg,
+            args.defaults[-len(args.args[1:]) :] if args.args[1:] else [],
+        )
     body = "\n".join(("    " + line).rstrip() for line in doc.splitlines())
     stubs[f'def {node.name}({ast.unparse(args)}):\n    """{body.lstrip()}\n    """\n'] = None
     first = doc.split("\n\n")[0].replace("\n", " ").strip().rstrip(".")
@@ -124,7 +159,9 @@ def _draw(source: str, rng: random.Random, stdlib: tuple) -> Prompt | None:
     if passage is None:
         return None
     how = rng.choice(("in two sentences", "in one paragraph", "in three bullet points", "for a beginner", "briefly"))
-    return Prompt("", "pool", messages=({"role": "user", "content": f"Summarize the following passage {how}.\n\n{passage}"},))
+    return Prompt(
+        "", "pool", messages=({"role": "user", "content": f"Summarize the following passage {how}.\n\n{passage}"},)
+    )
 
 
 def build_pool(n: int, seed: int = 0) -> list[Prompt]:

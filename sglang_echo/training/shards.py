@@ -25,7 +25,10 @@ def write_shard(path: Path, rows: list[tuple[list[int], int]]) -> None:
 def read_shard(shard: Path) -> list[tuple[torch.Tensor, int]]:
     """(sequence ids, prompt length) of every row in one shard."""
     t = load_file(str(shard))
-    return [(seq, int(p)) for seq, p in zip(torch.split(t["input_ids"].long(), t["lengths"].tolist()), t["prompt_lengths"].tolist())]
+    return [
+        (seq, int(p))
+        for seq, p in zip(torch.split(t["input_ids"].long(), t["lengths"].tolist()), t["prompt_lengths"].tolist())
+    ]
 
 
 def read_shards(data_dir: str | Path) -> list[tuple[torch.Tensor, int]]:

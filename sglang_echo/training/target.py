@@ -24,5 +24,9 @@ def target_weights(target: Path) -> TargetWeights:
     single or sharded safetensors or ``.bin``)."""
     w = read_weights(Path(target))
     embed = w["model.embed_tokens.weight"].float()
-    return TargetWeights(json.loads((Path(target) / "config.json").read_text()), embed,
-                         w.get("lm_head.weight", embed).float(), w["model.norm.weight"].float())
+    return TargetWeights(
+        json.loads((Path(target) / "config.json").read_text()),
+        embed,
+        w.get("lm_head.weight", embed).float(),
+        w["model.norm.weight"].float(),
+    )

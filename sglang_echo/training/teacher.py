@@ -63,7 +63,9 @@ class TargetTail:
             self.lm_rows = self.lm_rows.to(dev)
         T = batch.tokens.shape[1]
         mask = (torch.arange(T, device=dev)[None, :] < batch.lengths[:, None]).long()
-        h = self.body(inputs_embeds=batch.features[..., self.feature_slice].float(), attention_mask=mask).last_hidden_state
+        h = self.body(
+            inputs_embeds=batch.features[..., self.feature_slice].float(), attention_mask=mask
+        ).last_hidden_state
         return torch.log_softmax(h @ self.lm_rows.T, -1)
 
 

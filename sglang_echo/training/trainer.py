@@ -18,10 +18,9 @@ import json
 import math
 import shutil
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-from contextlib import nullcontext
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -85,7 +84,9 @@ def _lr_factor(step: int, total: int, warmup: int) -> float:
 
 def _save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
     sd = opt.state_dict()
-    tensors = {f"{i}.{k}": torch.as_tensor(v).detach().cpu().clone() for i, st in sd["state"].items() for k, v in st.items()}
+    tensors = {
+        f"{i}.{k}": torch.as_tensor(v).detach().cpu().clone() for i, st in sd["state"].items() for k, v in st.items()
+    }
     save_file(tensors, str(path))
 
 
@@ -99,8 +100,9 @@ def _load_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
 
 
 @torch.no_grad()
-def evaluate(model, loss_fn: LossFn, seqs: list[Sequence], batch_tokens: int, device: str = "cpu",
-             precision: str = "fp32") -> Tensor:
+def evaluate(
+    model, loss_fn: LossFn, seqs: list[Sequence], batch_tokens: int, device: str = "cpu", precision: str = "fp32"
+) -> Tensor:
     """Top-1 accuracy per unrolled step on held-out sequences (teacher-forced tokens)."""
     correct = counted = 0
     for idx in make_batches(seqs, batch_tokens, seed=0):
@@ -110,9 +112,17 @@ def evaluate(model, loss_fn: LossFn, seqs: list[Sequence], batch_tokens: int, de
     return correct / counted.clamp(min=1)
 
 
-def train(model, loss_fn: LossFn, save_fn: Callable[[Path], None], train_seqs: list[Sequence],
-          eval_seqs: list[Sequence], cfg: TrainConfig, out: Path, device: str = "cpu",
-          precision: str = "fp32") -> dict:
+def train(
+    model,
+    loss_fn: LossFn,
+    save_fn: Callable[[Path], None],
+    train_seqs: list[Sequence],
+    eval_seqs: list[Sequence],
+    cfg: TrainConfig,
+    out: Path,
+    device: str = "cpu",
+    precision: str = "fp32",
+) -> dict:
     """Train ``model`` (resuming from ``out/checkpoint`` if present); returns the final report."""
     out = Path(out)
     model.to(device)
@@ -169,6 +179,11 @@ def train(model, loss_fn: LossFn, save_fn: Callable[[Path], None], train_seqs: l
     save()
     model.eval()
     acc = evaluate(model, loss_fn, eval_seqs, cfg.batch_tokens, device, precision) if eval_seqs else torch.zeros(0)
-    return {"steps": step, "epochs": cfg.epochs, "train_sequences": len(train_seqs),
-            "train_tokens": sum(len(s.tokens) for s in train_seqs),
-            "eval_sequences": len(eval_seqs), "eval_top1_per_step": [round(a, 4) for a in acc.tolist()]}
+    return {
+        "steps": step,
+        "epochs": cfg.epochs,
+        "train_sequences": len(train_seqs),
+        "train_tokens": sum(len(s.tokens) for s in train_seqs),
+        "eval_sequences": len(eval_seqs),
+        "eval_top1_per_step": [round(a, 4) for a in acc.tolist()],
+    }

@@ -40,13 +40,39 @@ def test_running_servers_side_by_side_at_request_rates(tmp_path, vocab_config, c
     /metrics answers; every request in requests.jsonl with its TTFT and ITLs."""
     out = tmp_path / "out"
     with ExitStack() as stack:
-        fakes = _servers(stack, none=FakeConfig(native=True, **FAST),
-                         echo=FakeConfig(native=True, accept_length=3, metrics=METRICS, **FAST),
-                         lossy=FakeConfig(native=True, offset=1, **FAST), oai=FakeConfig(**FAST))
+        fakes = _servers(
+            stack,
+            none=FakeConfig(native=True, **FAST),
+            echo=FakeConfig(native=True, accept_length=3, metrics=METRICS, **FAST),
+            lossy=FakeConfig(native=True, offset=1, **FAST),
+            oai=FakeConfig(**FAST),
+        )
         urls = ",".join(f"{name}={f.url}" for name, f in fakes.items())
-        serve.main(["--base-url", urls, "--request-rate", "100,inf", "--max-concurrency", "3", "--num-requests", "5",
-                    "--token-prompts", "4:6", "--model", str(vocab_config), "--max-new-tokens", "7", "--repeats", "2",
-                    "--warmup-requests", "1", "--ignore-eos", "--out", str(out)])
+        serve.main(
+            [
+                "--base-url",
+                urls,
+                "--request-rate",
+                "100,inf",
+                "--max-concurrency",
+                "3",
+                "--num-requests",
+                "5",
+                "--token-prompts",
+                "4:6",
+                "--model",
+                str(vocab_config),
+                "--max-new-tokens",
+                "7",
+                "--repeats",
+                "2",
+                "--warmup-requests",
+                "1",
+                "--ignore-eos",
+                "--out",
+                str(out),
+            ]
+        )
         bodies = {name: f.bodies for name, f in fakes.items()}
     data = json.loads((out / "serve.json").read_text())
     runs = {(r["config"], r["request_rate"], r["repeat"]): r for r in data["runs"]}
@@ -80,15 +106,36 @@ def test_running_servers_side_by_side_at_request_rates(tmp_path, vocab_config, c
 def test_closed_loop_without_streaming_gives_end_to_end_latency_only(tmp_path, vocab_config):
     out = tmp_path / "out"
     with ExitStack() as stack:
-        fakes = _servers(stack, none=FakeConfig(native=True, **FAST), echo=FakeConfig(native=True, accept_length=2,
-                                                                                      **FAST))
-        serve.main(["--base-url", ",".join(f"{n}={f.url}" for n, f in fakes.items()), "--concurrency", "1,2",
-                    "--no-stream", "--token-prompts", "3:4", "--model", str(vocab_config), "--max-new-tokens", "4",
-                    "--warmup-requests", "0", "--out", str(out)])
+        fakes = _servers(
+            stack, none=FakeConfig(native=True, **FAST), echo=FakeConfig(native=True, accept_length=2, **FAST)
+        )
+        serve.main(
+            [
+                "--base-url",
+                ",".join(f"{n}={f.url}" for n, f in fakes.items()),
+                "--concurrency",
+                "1,2",
+                "--no-stream",
+                "--token-prompts",
+                "3:4",
+                "--model",
+                str(vocab_config),
+                "--max-new-tokens",
+                "4",
+                "--warmup-requests",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
         assert not any(b.get("stream") for b in fakes["echo"].bodies)
     data = json.loads((out / "serve.json").read_text())
     assert [(r["config"], r["concurrency"], r["request_rate"]) for r in data["runs"]] == [
-        ("none", 1, None), ("echo", 1, None), ("none", 2, None), ("echo", 2, None)]
+        ("none", 1, None),
+        ("echo", 1, None),
+        ("none", 2, None),
+        ("echo", 2, None),
+    ]
     echo = data["runs"][1]
     assert echo["lossless"] is True and echo["completion_tokens"] / echo["verify_steps"] == pytest.approx(2.0)
     assert echo["latency"]["e2e"]["n"] == 1 and echo["latency"]["ttft"] is None and echo["latency"]["itl"] is None
@@ -98,8 +145,10 @@ def test_incremental_streams_rebuild_the_whole_output():
     """sglang's --incremental-streaming-output sends each chunk's new ids and per-token records: the
     client joins them into what a cumulative stream gives."""
     item = PromptItem("p", "tokens", input_ids=(5, 6, 7))
-    with FakeOpenAI(FakeConfig(native=True, accept_length=3, **FAST)) as a, \
-            FakeOpenAI(FakeConfig(native=True, accept_length=3, incremental=True, **FAST)) as b:
+    with (
+        FakeOpenAI(FakeConfig(native=True, accept_length=3, **FAST)) as a,
+        FakeOpenAI(FakeConfig(native=True, accept_length=3, incremental=True, **FAST)) as b,
+    ):
         whole, pieces = (send(Target("x", f.url), item, 8, stream=True) for f in (a, b))
     assert pieces.output_ids == whole.output_ids and len(whole.output_ids) == 8
     assert pieces.meta["echo_tree_depth"] == whole.meta["echo_tree_depth"] and len(whole.meta["echo_tree_depth"]) == 8
@@ -120,25 +169,28 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--configs", "none,warp"], "--configs: unknown 'warp'"),
-    (["--base-url", "none=localhost:30000"], "--base-url none: 'localhost:30000' is not http(s)://HOST[:PORT]"),
-    (["--base-url", "http://h:1,http://h:2"], "several servers need a name each"),
-    (["--base-url", "a=http://h:1,a=http://h:2"], "every server needs its own name"),
-    (["--request-rate", "0"], "--request-rate '0': must be > 0"),
-    (["--request-rate=-3"], "--request-rate '-3': must be > 0"),
-    (["--request-rate", "fast"], "--request-rate 'fast': expected requests per second"),
-    (["--concurrency", "8", "--request-rate", "2"], "--concurrency and --request-rate exclude each other"),
-    (["--max-concurrency", "4"], "--max-concurrency applies to --request-rate levels"),
-    (["--base-url", "none=http://h:1", "--load-format", "dummy"], "--load-format: options of the servers"),
-    (["--token-prompts", "8x128"], "--token-prompts '8x128': expected N:LEN"),
-    (["--model", "/no/such/model"], "--model /no/such/model: no such folder or config file"),
-    (["--base-url", "http://h:1", "--model", "m"], "is --served-model-name"),
-    (["--served-model-name", "m"], "--served-model-name names the model of OpenAI-only --base-url servers"),
-    (["--repeats", "0"], "argument --repeats: 0 is not >= 1"),
-    (["--calibration", "/no/such/calibration.json"], "--calibration /no/such/calibration.json: no such file"),
-    (["--server-args", "--x 'unclosed"], "--server-args"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--configs", "none,warp"], "--configs: unknown 'warp'"),
+        (["--base-url", "none=localhost:30000"], "--base-url none: 'localhost:30000' is not http(s)://HOST[:PORT]"),
+        (["--base-url", "http://h:1,http://h:2"], "several servers need a name each"),
+        (["--base-url", "a=http://h:1,a=http://h:2"], "every server needs its own name"),
+        (["--request-rate", "0"], "--request-rate '0': must be > 0"),
+        (["--request-rate=-3"], "--request-rate '-3': must be > 0"),
+        (["--request-rate", "fast"], "--request-rate 'fast': expected requests per second"),
+        (["--concurrency", "8", "--request-rate", "2"], "--concurrency and --request-rate exclude each other"),
+        (["--max-concurrency", "4"], "--max-concurrency applies to --request-rate levels"),
+        (["--base-url", "none=http://h:1", "--load-format", "dummy"], "--load-format: options of the servers"),
+        (["--token-prompts", "8x128"], "--token-prompts '8x128': expected N:LEN"),
+        (["--model", "/no/such/model"], "--model /no/such/model: no such folder or config file"),
+        (["--base-url", "http://h:1", "--model", "m"], "is --served-model-name"),
+        (["--served-model-name", "m"], "--served-model-name names the model of OpenAI-only --base-url servers"),
+        (["--repeats", "0"], "argument --repeats: 0 is not >= 1"),
+        (["--calibration", "/no/such/calibration.json"], "--calibration /no/such/calibration.json: no such file"),
+        (["--server-args", "--x 'unclosed"], "--server-args"),
+    ],
+)
 def test_bad_options_stop_with_one_line_before_any_work(argv, says, capsys, monkeypatch):
     monkeypatch.setattr(serve, "run", lambda _args: pytest.fail("ran despite bad options"))
     with pytest.raises(SystemExit) as e:
@@ -149,8 +201,16 @@ def test_bad_options_stop_with_one_line_before_any_work(argv, says, capsys, monk
 
 
 def test_a_server_that_does_not_answer_stops_the_run_with_one_line(tmp_path, capsys):
-    code = serve.main(["--base-url", f"none=http://127.0.0.1:{_closed_port()}", "--token-prompts", "2:2",
-                       "--out", str(tmp_path / "out")])
+    code = serve.main(
+        [
+            "--base-url",
+            f"none=http://127.0.0.1:{_closed_port()}",
+            "--token-prompts",
+            "2:2",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "neither sglang's /model_info nor an OpenAI" in err
     assert not (tmp_path / "out").exists()
@@ -190,14 +250,28 @@ def test_other_targets_need_their_heads_and_a_vocabulary(tmp_path, vocab_config,
     monkeypatch.setattr(serve, "run", lambda _args: pytest.fail("ran despite bad options"))
     no_vocab = tmp_path / "no-vocab.json"
     no_vocab.write_text("{}")
-    cases = [(["--configs", "none,echo", "--model", str(vocab_config), "--token-prompts", "2:4"],
-              "--configs echo with --model: pass its eagle3 head (--draft"),
-             (["--configs", "none,echo-dart", "--model", str(vocab_config), "--token-prompts", "2:4",
-               "--draft", str(vocab_config)], "--configs echo-dart with --model: pass its dart head (--dart-draft"),
-             (["--configs", "none", "--model", str(no_vocab), "--token-prompts", "2:4"], "no vocab_size"),
-             (["--configs", "none", "--model", str(vocab_config)], "no tokenizer there"),
-             (["--draft", str(tmp_path / "missing")], "--draft"),
-             ]
+    cases = [
+        (
+            ["--configs", "none,echo", "--model", str(vocab_config), "--token-prompts", "2:4"],
+            "--configs echo with --model: pass its eagle3 head (--draft",
+        ),
+        (
+            [
+                "--configs",
+                "none,echo-dart",
+                "--model",
+                str(vocab_config),
+                "--token-prompts",
+                "2:4",
+                "--draft",
+                str(vocab_config),
+            ],
+            "--configs echo-dart with --model: pass its dart head (--dart-draft",
+        ),
+        (["--configs", "none", "--model", str(no_vocab), "--token-prompts", "2:4"], "no vocab_size"),
+        (["--configs", "none", "--model", str(vocab_config)], "no tokenizer there"),
+        (["--draft", str(tmp_path / "missing")], "--draft"),
+    ]
     for argv, says in cases:
         with pytest.raises(SystemExit) as e:
             serve.main(argv)
@@ -205,6 +279,16 @@ def test_other_targets_need_their_heads_and_a_vocabulary(tmp_path, vocab_config,
         assert e.value.code == 2 and says in err and err.count("\n") == 1, (argv, err)
     from sglang_echo.bench.serve_args import parse_args
 
-    ok = parse_args(["--configs", "none,echo-ngram,eagle3", "--model", str(vocab_config), "--token-prompts", "2:4",
-                     "--draft", str(vocab_config)])  # n-gram drafts need no head
+    ok = parse_args(
+        [
+            "--configs",
+            "none,echo-ngram,eagle3",
+            "--model",
+            str(vocab_config),
+            "--token-prompts",
+            "2:4",
+            "--draft",
+            str(vocab_config),
+        ]
+    )  # n-gram drafts need no head
     assert ok.head_folders == {"eagle3": model_folder(vocab_config)} and ok.model_folder == model_folder(vocab_config)

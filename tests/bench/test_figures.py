@@ -68,8 +68,11 @@ def test_request_rate_runs_plot_against_the_rate_with_inf_last(tmp_path, monkeyp
     from sglang_echo.bench.requests_log import json_ready
     from sglang_echo.bench.serve import Report, Run, markdown, report_from_json
 
-    runs = [Run(name, 32, 16, 2.0, tokens, 0, None, request_rate=rate)
-            for rate in (1.0, 4.0, math.inf) for name, tokens in (("none", 100), ("echo", 120))]
+    runs = [
+        Run(name, 32, 16, 2.0, tokens, 0, None, request_rate=rate)
+        for rate in (1.0, 4.0, math.inf)
+        for name, tokens in (("none", 100), ("echo", 120))
+    ]
     report = Report({"platform": "t", "cpus": 2}, {}, runs)
     data = json.loads(json.dumps(json_ready({"command": "x", **asdict(report)})))
     ticks = []

@@ -21,9 +21,29 @@ def test_graphs_bench_runs_every_policy_without_differences(capsys):
 
 
 def test_policies_filter_and_json(capsys, tmp_path):
-    main(["--batch", "4", "--steps", "1", "--warmup", "0", "--vocab", "500", "--device", "cpu", "--policies", "static-tree",
-          "--out", str(tmp_path / "graphs")])
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("static-tree-") or line.startswith("echo")]
+    main(
+        [
+            "--batch",
+            "4",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--vocab",
+            "500",
+            "--device",
+            "cpu",
+            "--policies",
+            "static-tree",
+            "--out",
+            str(tmp_path / "graphs"),
+        ]
+    )
+    rows = [
+        line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("static-tree-") or line.startswith("echo")
+    ]
     assert [r.split()[0] for r in rows] == ["static-tree-3x3x5", "static-tree-8x10x60"]
     raw = json.loads((tmp_path / "graphs.json").read_text())
     assert raw["command"].startswith("echo-bench graphs --batch 4") and raw["machine"]["cores"]
@@ -34,8 +54,23 @@ def test_policies_filter_and_json(capsys, tmp_path):
 def test_kernels_mode_dry_run_on_cpu():
     """``--kernels`` on the CPU: the ECHO family only, the Triton kernels under the interpreter
     (a subprocess, so this process's Triton stays compiled-mode), layouts equal to eager."""
-    cmd = [sys.executable, "-m", "sglang_echo.bench.cli", "graphs", "--batch", "6", "--steps", "2", "--warmup", "0",
-           "--vocab", "500", "--device", "cpu", "--kernels"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_echo.bench.cli",
+        "graphs",
+        "--batch",
+        "6",
+        "--steps",
+        "2",
+        "--warmup",
+        "0",
+        "--vocab",
+        "500",
+        "--device",
+        "cpu",
+        "--kernels",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True).stdout
     rows = [line for line in out.splitlines() if re.search(r"\d+/2$", line)]
     assert [r.split()[0] for r in rows] == ["echo", "echo", "dense-gating"], out

@@ -46,14 +46,17 @@ def test_deltas_over_labelled_pages():
     assert d["steps"] == 60 and d["verified_per_step"] == pytest.approx(10)
     assert d["control_share"] == pytest.approx(0.01) and d["k_max"] == 64
     assert budget_decisions(parse_echo_metrics(_page(40, 8)), parse_echo_metrics(_page(100, 20))) == {
-        "draft/explore": {"steps": 12, "seconds": pytest.approx(1.2)}}
+        "draft/explore": {"steps": 12, "seconds": pytest.approx(1.2)}
+    }
 
 
 def test_parse_page_reads_the_exposition_format():
-    text = ('# HELP x a "quoted" help\n'
-            'echo_steps_total{model_name="a \\"b\\" \\\\ c, d}",tp_rank="0"} 2.5e1 1700000000000\n'
-            "echo_budget_k_max 64\n"
-            "echo_bad_value{a=\"1\"} not-a-number\n")
+    text = (
+        '# HELP x a "quoted" help\n'
+        'echo_steps_total{model_name="a \\"b\\" \\\\ c, d}",tp_rank="0"} 2.5e1 1700000000000\n'
+        "echo_budget_k_max 64\n"
+        'echo_bad_value{a="1"} not-a-number\n'
+    )
     samples = parse_page(text)
     assert [(x.name, x.value) for x in samples] == [("echo_steps_total", 25.0), ("echo_budget_k_max", 64.0)]
     assert samples[0].labels == {"model_name": 'a "b" \\ c, d}', "tp_rank": "0"}

@@ -117,9 +117,11 @@ def test_stream_timing_spreads_a_chunks_gap_over_its_tokens():
 
 
 def test_latency_summary_of_a_level():
-    records = [{"seconds": 1.0, "tokens": 5, "ttft": 0.2, "itl": [0.2, 0.2, 0.2, 0.2]},
-               {"seconds": 3.0, "tokens": 3, "ttft": 1.0, "itl": [1.0, 1.0]},
-               {"seconds": 2.0, "tokens": 1, "ttft": 0.5, "itl": []}]
+    records = [
+        {"seconds": 1.0, "tokens": 5, "ttft": 0.2, "itl": [0.2, 0.2, 0.2, 0.2]},
+        {"seconds": 3.0, "tokens": 3, "ttft": 1.0, "itl": [1.0, 1.0]},
+        {"seconds": 2.0, "tokens": 1, "ttft": 0.5, "itl": []},
+    ]
     s = latency_summary(records, seconds=4.0)
     assert s["requests_per_s"] == pytest.approx(0.75)
     assert s["e2e"]["p50"] == pytest.approx(2.0) and s["ttft"]["p50"] == pytest.approx(0.5)
@@ -130,10 +132,30 @@ def test_latency_summary_of_a_level():
 
 
 def _run(rate: float | None) -> Run:
-    reqs = [{"tokens": 4, "verify_ct": 2, "mat": 2.0, "dataset": "tokens", "seconds": 0.5, "prompt_id": "tokens/0",
-             "prompt_tokens": 16, "ttft": 0.1, "itl": [0.1, 0.1, 0.2]},
-            {"tokens": 3, "verify_ct": 0, "mat": None, "dataset": "chat", "seconds": 0.4, "prompt_id": "chat/1",
-             "prompt_tokens": None, "ttft": None, "itl": []}]
+    reqs = [
+        {
+            "tokens": 4,
+            "verify_ct": 2,
+            "mat": 2.0,
+            "dataset": "tokens",
+            "seconds": 0.5,
+            "prompt_id": "tokens/0",
+            "prompt_tokens": 16,
+            "ttft": 0.1,
+            "itl": [0.1, 0.1, 0.2],
+        },
+        {
+            "tokens": 3,
+            "verify_ct": 0,
+            "mat": None,
+            "dataset": "chat",
+            "seconds": 0.4,
+            "prompt_id": "chat/1",
+            "prompt_tokens": None,
+            "ttft": None,
+            "itl": [],
+        },
+    ]
     return Run("echo", 64, 2, 1.0, 7, 2, True, per_request=reqs, repeat=1, request_rate=rate)
 
 
@@ -145,9 +167,22 @@ def test_requests_jsonl_has_one_strict_json_line_per_request(tmp_path):
         raise AssertionError(f"non-standard JSON constant {name}")
 
     rows = [json.loads(line, parse_constant=no_constants) for line in path.read_text().splitlines()]
-    assert rows[0] == {"config": "echo", "repeat": 1, "level": "inf", "concurrency": 64, "request_rate": "inf",
-                       "prompt_id": "tokens/0", "dataset": "tokens", "prompt_tokens": 16, "output_tokens": 4,
-                       "latency_s": 0.5, "ttft_s": 0.1, "itl_s": [0.1, 0.1, 0.2], "verify_steps": 2, "mat": 2.0}
+    assert rows[0] == {
+        "config": "echo",
+        "repeat": 1,
+        "level": "inf",
+        "concurrency": 64,
+        "request_rate": "inf",
+        "prompt_id": "tokens/0",
+        "dataset": "tokens",
+        "prompt_tokens": 16,
+        "output_tokens": 4,
+        "latency_s": 0.5,
+        "ttft_s": 0.1,
+        "itl_s": [0.1, 0.1, 0.2],
+        "verify_steps": 2,
+        "mat": 2.0,
+    }
     assert rows[1]["verify_steps"] is None and rows[1]["ttft_s"] is None and rows[1]["itl_s"] == []
     assert rows[2]["level"] == 64 and rows[2]["request_rate"] is None  # a closed-loop level: its concurrency
     assert [r["prompt_id"] for r in request_rows([_run(2.0)])] == ["tokens/0", "chat/1"]

@@ -14,8 +14,13 @@ from sglang_echo.bench.serve_tables import cpu_savings, ratio_interval, speedups
 
 # What an ECHO server's /generate returns for one request: 3 verify steps with trees of depth
 # 4, 2 and 0 (root only); 1 prefill token + 7 committed by the steps.
-ECHO_META = {"completion_tokens": 8, "spec_verify_ct": 3, "spec_cap_length": 4.5, "spec_num_correct_drafts": 4,
-             "echo_tree_depth": [0, 4, 0, 0, 2, 0, None, 0]}
+ECHO_META = {
+    "completion_tokens": 8,
+    "spec_verify_ct": 3,
+    "spec_cap_length": 4.5,
+    "spec_num_correct_drafts": 4,
+    "echo_tree_depth": [0, 4, 0, 0, 2, 0, None, 0],
+}
 
 
 def test_request_record_echo():
@@ -35,8 +40,15 @@ def test_request_record_static_and_none():
     roots_only = request_record({"completion_tokens": 4, "spec_verify_ct": 3, "echo_tree_depth": [0, 0, 0]}, [0] * 4)
     assert roots_only["depth"] == 0 and roots_only["u"] is None  # no draft, no utilisation
     # mostly plain steps (ECHO's cost budget under load): one depth-2 tree, both drafts accepted, in 20 steps
-    mostly_plain = request_record({"completion_tokens": 23, "spec_verify_ct": 20, "spec_num_correct_drafts": 2,
-                                   "echo_tree_depth": [0, 2] + [0] * 21}, [0] * 23)
+    mostly_plain = request_record(
+        {
+            "completion_tokens": 23,
+            "spec_verify_ct": 20,
+            "spec_num_correct_drafts": 2,
+            "echo_tree_depth": [0, 2] + [0] * 21,
+        },
+        [0] * 23,
+    )
     assert mostly_plain["u"] == pytest.approx(3 / 2) and mostly_plain["u_drafts"] == pytest.approx(1.0)
     assert mostly_plain["mat"] == pytest.approx(23 / 20)  # sglang's accept length keeps every step
 
@@ -91,12 +103,15 @@ def test_metrics_deltas():
 def _report() -> Report:
     runs = []
     for c, tps_none, tps_echo in ((1, 10.0, 12.0), (8, 40.0, 44.0)):
-        reqs = [request_record(ECHO_META | {"spec_verify_ct": 2 + i % 3}, [0] * 8, dataset=ds, seconds=1.0)
-                for i, ds in enumerate(["chat", "math", "chat", "math"])]
+        reqs = [
+            request_record(ECHO_META | {"spec_verify_ct": 2 + i % 3}, [0] * 8, dataset=ds, seconds=1.0)
+            for i, ds in enumerate(["chat", "math", "chat", "math"])
+        ]
         plain = [request_record({"completion_tokens": 8}, [0] * 8, dataset=r["dataset"], seconds=1.2) for r in reqs]
         runs.append(Run("none", c, 4, 32 / tps_none, 32, 0, None, 30.0, None, plain, None))
-        echo = echo_deltas({}, parse_echo_metrics(PAGE.format(steps=20, verified=600, accepted=60, control=0.04,
-                                                              step=2.0, vmax=40)))
+        echo = echo_deltas(
+            {}, parse_echo_metrics(PAGE.format(steps=20, verified=600, accepted=60, control=0.04, step=2.0, vmax=40))
+        )
         runs.append(Run("echo", c, 4, 32 / tps_echo, 32, 12, True, 31.0, None, reqs, echo))
     return Report({"platform": "test", "cpus": 2}, {"model": "/m/SmolLM2"}, runs)
 
@@ -123,8 +138,11 @@ def test_draft_yield_from_echo_counters_and_static_shapes():
     static = Run("eagle3", 8, 4, 1.0, 40, 12, True, nominal_depth=3, nominal_tokens=5)
     assert static.draft_yield == pytest.approx(24 / 48)
     plain = Run("none", 8, 4, 1.0, 40, 0, None)
-    assert plain.draft_yield is None and Run("echo", 8, 4, 1.0, 14, 10, True, echo={
-        "verified_tokens": 10.0, "accepted_tokens": 10.0}).draft_yield is None  # root-only steps drafted nothing
+    assert (
+        plain.draft_yield is None
+        and Run("echo", 8, 4, 1.0, 14, 10, True, echo={"verified_tokens": 10.0, "accepted_tokens": 10.0}).draft_yield
+        is None
+    )  # root-only steps drafted nothing
     md = markdown(Report({"platform": "test", "cpus": 2}, {}, [plain, static]))
     assert "| eagle3 | 8 | 40.00 | 1.00x | 3.33 | True | - | - | - | 0.500 |" in md
 
@@ -134,8 +152,10 @@ def test_passes_compare_within_a_pass():
     passes), and a summary gives every pass and the median."""
     runs = []
     for rep, (none_tps, echo_tps) in enumerate(((40.0, 44.0), (30.0, 36.0), (50.0, 50.0))):
-        runs += [Run("none", 8, 8, 64 / none_tps, 64, 0, None, repeat=rep),
-                 Run("echo", 8, 8, 64 / echo_tps, 64, 32, True, repeat=rep)]
+        runs += [
+            Run("none", 8, 8, 64 / none_tps, 64, 0, None, repeat=rep),
+            Run("echo", 8, 8, 64 / echo_tps, 64, 32, True, repeat=rep),
+        ]
     assert speedups(runs)[("echo", 8)] == pytest.approx([1.1, 1.2, 1.0])
     md = markdown(Report({"platform": "test", "cpus": 2}, {}, runs))
     assert "| echo (pass 2) | 8 | 36.00 | 1.20x |" in md
@@ -159,7 +179,10 @@ def test_twin_none_server_is_compared_like_any_config():
     its spread over the passes is the host's noise alone."""
     runs = []
     for rep, (a, b) in enumerate(((40.0, 36.0), (30.0, 33.0))):
-        runs += [Run("none", 8, 8, 64 / a, 64, 0, None, repeat=rep), Run("none-twin", 8, 8, 64 / b, 64, 0, True, repeat=rep)]
+        runs += [
+            Run("none", 8, 8, 64 / a, 64, 0, None, repeat=rep),
+            Run("none-twin", 8, 8, 64 / b, 64, 0, True, repeat=rep),
+        ]
     assert speedups(runs)[("none-twin", 8)] == pytest.approx([0.9, 1.1])
     assert "| none-twin | 8 | 0.90x / 1.10x |" in markdown(Report({"platform": "test", "cpus": 2}, {}, runs))
 
@@ -169,8 +192,10 @@ def test_server_cpu_per_token_compares_within_a_pass():
     reading (older files) show none."""
     runs = []
     for rep, (none_cpu, echo_cpu) in enumerate(((6.4, 3.2), (6.4, 6.4))):
-        runs += [Run("none", 8, 8, 2.0, 64, 0, None, repeat=rep, server_cpu_s=none_cpu),
-                 Run("echo", 8, 8, 2.0, 64, 32, True, repeat=rep, server_cpu_s=echo_cpu)]
+        runs += [
+            Run("none", 8, 8, 2.0, 64, 0, None, repeat=rep, server_cpu_s=none_cpu),
+            Run("echo", 8, 8, 2.0, 64, 32, True, repeat=rep, server_cpu_s=echo_cpu),
+        ]
     assert runs[0].cpu_ms_per_token == pytest.approx(100.0)
     assert cpu_savings(runs)[("echo", 8)] == pytest.approx([2.0, 1.0])
     md = markdown(Report({"platform": "test", "cpus": 2}, {}, runs))
@@ -186,9 +211,22 @@ def test_json_round_trip_and_old_files(tmp_path):
     back = report_from_json(json.loads(json.dumps(asdict(rep))))
     assert back.runs[1].utilisation == rep.runs[1].utilisation
     assert back.runs[1].derived()["control_share"] == pytest.approx(0.02)
-    old = {"machine": {"platform": "x", "cpus": 2}, "settings": {},
-           "runs": [{"config": "none", "concurrency": 1, "requests": 2, "seconds": 1.0, "completion_tokens": 10,
-                     "verify_steps": 0, "lossless": None, "startup_seconds": 3.0}]}
+    old = {
+        "machine": {"platform": "x", "cpus": 2},
+        "settings": {},
+        "runs": [
+            {
+                "config": "none",
+                "concurrency": 1,
+                "requests": 2,
+                "seconds": 1.0,
+                "completion_tokens": 10,
+                "verify_steps": 0,
+                "lossless": None,
+                "startup_seconds": 3.0,
+            }
+        ],
+    }
     r = report_from_json(old).runs[0]
     assert r.per_request == [] and r.echo is None and r.utilisation is None
     assert "Draft utilisation" not in markdown(report_from_json(old))
@@ -223,10 +261,20 @@ def test_interleave_runs_each_level_config_after_config(monkeypatch):
     monkeypatch.setattr(serve, "measure", measure)
     args = SimpleNamespace(port=30400, repeats=2, interleave=True, config_names=["none", "echo"])
     runs = serve._started_runs(SimpleNamespace(args=args, levels=[Level(8), Level(32)]))
-    assert log == [("start", "none", 30400), ("start", "echo", 30410),
-                   ("none", 8, 0), ("echo", 8, 0), ("none", 32, 0), ("echo", 32, 0),
-                   ("echo", 8, 1), ("none", 8, 1), ("echo", 32, 1), ("none", 32, 1),
-                   ("stop", "echo"), ("stop", "none")]
+    assert log == [
+        ("start", "none", 30400),
+        ("start", "echo", 30410),
+        ("none", 8, 0),
+        ("echo", 8, 0),
+        ("none", 32, 0),
+        ("echo", 32, 0),
+        ("echo", 8, 1),
+        ("none", 8, 1),
+        ("echo", 32, 1),
+        ("none", 32, 1),
+        ("stop", "echo"),
+        ("stop", "none"),
+    ]
     assert [(r.config, r.concurrency, r.repeat) for r in runs] == [e for e in log if e[0] not in ("start", "stop")]
 
 
@@ -271,8 +319,13 @@ def test_server_args_reach_every_started_server(monkeypatch):
     from sglang_echo.serve.flags import build_command
 
     monkeypatch.setattr("sglang_echo.serve.flags.resolve_device", lambda _d: "cpu")
-    bench = SimpleNamespace(args=_server_args(server_args="--mem-fraction-static 0.25"), heads={}, pick=None,
-                            levels=[Level(8)], model="/models/target")
+    bench = SimpleNamespace(
+        args=_server_args(server_args="--mem-fraction-static 0.25"),
+        heads={},
+        pick=None,
+        levels=[Level(8)],
+        model="/models/target",
+    )
     argv = build_command(serve_endpoint.StartedServer(bench, "none", 30400).opts).argv
     assert argv[argv.index("--mem-fraction-static") + 1] == "0.25"
 
@@ -290,9 +343,21 @@ def test_max_new_jitter_spreads_budgets_the_same_way_every_time():
 
 def _server_args(**kw) -> SimpleNamespace:
     """The options StartedServer reads, as echo-bench serve's defaults leave them."""
-    return SimpleNamespace(**{"dtype": "float32", "max_total_tokens": None, "echo_drafter": "eagle3",
-                              "calibration": None, "device": None, "load_format": None, "token_shape": None,
-                              "attention_backend": None, "server_args": "", "sim": None, **kw})
+    return SimpleNamespace(
+        **{
+            "dtype": "float32",
+            "max_total_tokens": None,
+            "echo_drafter": "eagle3",
+            "calibration": None,
+            "device": None,
+            "load_format": None,
+            "token_shape": None,
+            "attention_backend": None,
+            "server_args": "",
+            "sim": None,
+            **kw,
+        }
+    )
 
 
 def test_max_total_tokens_reaches_every_server(monkeypatch):
@@ -304,8 +369,13 @@ def test_max_total_tokens_reaches_every_server(monkeypatch):
 
     monkeypatch.setattr("sglang_echo.serve.flags.resolve_device", lambda _d: "cpu")
     for pool in (65536, None):
-        bench = SimpleNamespace(args=_server_args(max_total_tokens=pool), heads={"eagle3": "/heads/eagle3"},
-                                pick=None, levels=[Level(8), Level(256)], model="/models/target")
+        bench = SimpleNamespace(
+            args=_server_args(max_total_tokens=pool),
+            heads={"eagle3": "/heads/eagle3"},
+            pick=None,
+            levels=[Level(8), Level(256)],
+            model="/models/target",
+        )
         for name in ("none", "eagle3", "echo-cost"):
             opts = serve_endpoint.StartedServer(bench, name, 30400).opts
             argv = build_command(opts).argv
@@ -325,10 +395,12 @@ def test_gpu_target_options_reach_the_server_command(monkeypatch):
     from sglang_echo.serve.flags import build_command
 
     monkeypatch.setattr("sglang_echo.serve.flags.sgl_kernel_installed", lambda: True)
-    args = _server_args(device="cuda", load_format="dummy", token_shape=(4, 16), attention_backend="fa3",
-                        dtype="bfloat16")
-    bench = SimpleNamespace(args=args, heads={}, pick=None, levels=[Level(64, 2.0), Level(64, float("inf"))],
-                            model="/models/llama")
+    args = _server_args(
+        device="cuda", load_format="dummy", token_shape=(4, 16), attention_backend="fa3", dtype="bfloat16"
+    )
+    bench = SimpleNamespace(
+        args=args, heads={}, pick=None, levels=[Level(64, 2.0), Level(64, float("inf"))], model="/models/llama"
+    )
     command = build_command(serve_endpoint.StartedServer(bench, "none", 30400).opts)
     argv = command.argv
     assert command.device == "cuda" and "SGLANG_USE_CPU_ENGINE" not in command.env
@@ -344,15 +416,41 @@ def test_step_table_compares_full_batch_steps_within_a_pass():
     """Each level's scheduler steps (server log): ms per decode step and per target forward at batch =
     concurrency against none's of the same pass, the rest of the step, and the prefill forwards that
     admitted the level with what they spent beyond the target's forward."""
-    runs = [Run("none", 8, 8, 2.0, 64, 0, None, step_times={"decode": {"8": [10, 1.0], "3": [2, 0.1]},
-                                                              "target_forward": {"8": [10, 0.9], "3": [2, 0.08]},
-                                                              "prefill": {"8": [1, 0.4]}}),
-            Run("echo", 8, 8, 2.0, 64, 32, True, step_times={"decode": {"8": [5, 0.55]},
-                                                               "target_forward": {"8": [5, 0.45]},
-                                                               "prefill": {"4": [2, 0.3], "8": [1, 0.5]},
-                                                               "target_prefill": {"4": [2, 0.25], "8": [1, 0.45]}}),
-            Run("echo", 8, 8, 2.0, 64, 32, True, repeat=1, step_times={"decode": {"8": [5, 0.5]}}),  # older log: no forwards
-            Run("eagle3", 8, 8, 2.0, 64, 32, True)]  # no step times (older file, GPU server): left out
+    runs = [
+        Run(
+            "none",
+            8,
+            8,
+            2.0,
+            64,
+            0,
+            None,
+            step_times={
+                "decode": {"8": [10, 1.0], "3": [2, 0.1]},
+                "target_forward": {"8": [10, 0.9], "3": [2, 0.08]},
+                "prefill": {"8": [1, 0.4]},
+            },
+        ),
+        Run(
+            "echo",
+            8,
+            8,
+            2.0,
+            64,
+            32,
+            True,
+            step_times={
+                "decode": {"8": [5, 0.55]},
+                "target_forward": {"8": [5, 0.45]},
+                "prefill": {"4": [2, 0.3], "8": [1, 0.5]},
+                "target_prefill": {"4": [2, 0.25], "8": [1, 0.45]},
+            },
+        ),
+        Run(
+            "echo", 8, 8, 2.0, 64, 32, True, repeat=1, step_times={"decode": {"8": [5, 0.5]}}
+        ),  # older log: no forwards
+        Run("eagle3", 8, 8, 2.0, 64, 32, True),
+    ]  # no step times (older file, GPU server): left out
     md = markdown(Report({"platform": "test", "cpus": 2}, {}, runs))
     assert "| none | 8 | 12 | 1.1 | 7.2 | 100.0 | - | 90.0 | - | 10.0 | 1 | 0.4 | - |" in md  # no target prefills
     assert "| echo | 8 | 5 | 0.6 | 8.0 | 110.0 | 1.100x | 90.0 | 1.000x | 20.0 | 3 | 0.8 | 0.10 |" in md
@@ -380,12 +478,18 @@ def test_step_times_are_taken_around_each_level_from_the_server_log(monkeypatch,
 
     monkeypatch.setattr(serve_endpoint, "send", send)
     monkeypatch.setattr(step_times, "LOG_EVERY_S", 0.0)
-    args = SimpleNamespace(rounds=1, min_requests=0, max_new_tokens=4, max_new_tokens_jitter=0, seed=0, stream=False,
-                           ignore_eos=False)
+    args = SimpleNamespace(
+        rounds=1, min_requests=0, max_new_tokens=4, max_new_tokens_jitter=0, seed=0, stream=False, ignore_eos=False
+    )
     items = [PromptItem("a", "x", text="a"), PromptItem("b", "y", text="b")]
     for device, want in (("cpu", {"decode": {"2": [5, 0.5]}, "prefill": {"2": [1, 0.2]}}), ("cuda", None)):
-        srv = SimpleNamespace(base_url="http://x", log_path=log, command=SimpleNamespace(device=device),
-                              cpu_seconds=lambda: 0.0, startup_seconds=1.0)
+        srv = SimpleNamespace(
+            base_url="http://x",
+            log_path=log,
+            command=SimpleNamespace(device=device),
+            cpu_seconds=lambda: 0.0,
+            startup_seconds=1.0,
+        )
         bench = serve_endpoint.Bench(args, None, {}, None, [Level(2)], items)
         ep = serve_endpoint.Endpoint(Target("none", "http://x"), "none", None, srv)
         assert serve_endpoint.measure(bench, ep, Level(2), 0).step_times == want

@@ -20,13 +20,25 @@ from sglang_echo.serve.flags import build_command
 @pytest.fixture
 def sim(tmp_path: Path) -> Path:
     stem = tmp_path / "trace"
-    (tmp_path / "trace.sim.json").write_text(json.dumps({
-        "schema": "sglang-echo/sim-inputs", "version": 1, "trace": "elsewhere/trace", "label": "simulated acceptance",
-        "drafter": "eagle3", "vocab_size": 500, "max_new": 32,
-        "env": {"echo": {"SGLANG_ECHO_SIMULATE": "elsewhere/trace"}, "eagle3": {"SGLANG_SIMULATE_ACC_LEN": "1.6"}},
-        "eagle3": {"shape": "3/3/5", "simulate_acc_len": 1.6},
-        "prompts": [{"id": "chat/0", "input_ids": [1, 2, 3]}, {"id": "math/0", "input_ids": [4, 5]}],
-    }))
+    (tmp_path / "trace.sim.json").write_text(
+        json.dumps(
+            {
+                "schema": "sglang-echo/sim-inputs",
+                "version": 1,
+                "trace": "elsewhere/trace",
+                "label": "simulated acceptance",
+                "drafter": "eagle3",
+                "vocab_size": 500,
+                "max_new": 32,
+                "env": {
+                    "echo": {"SGLANG_ECHO_SIMULATE": "elsewhere/trace"},
+                    "eagle3": {"SGLANG_SIMULATE_ACC_LEN": "1.6"},
+                },
+                "eagle3": {"shape": "3/3/5", "simulate_acc_len": 1.6},
+                "prompts": [{"id": "chat/0", "input_ids": [1, 2, 3]}, {"id": "math/0", "input_ids": [4, 5]}],
+            }
+        )
+    )
     return stem
 
 
@@ -38,8 +50,23 @@ def config(tmp_path: Path) -> Path:
 
 
 def _args(sim: Path, config: Path, *more: str):
-    return parse_args(["--simulate", str(sim), "--model", str(config), "--draft", str(config), "--max-new-tokens", "16",
-                       "--configs", "none,eagle3,echo", "--device", "cpu", *more])
+    return parse_args(
+        [
+            "--simulate",
+            str(sim),
+            "--model",
+            str(config),
+            "--draft",
+            str(config),
+            "--max-new-tokens",
+            "16",
+            "--configs",
+            "none,eagle3,echo",
+            "--device",
+            "cpu",
+            *more,
+        ]
+    )
 
 
 def test_each_server_simulates_by_its_own_convention(sim, config, monkeypatch):
@@ -60,11 +87,14 @@ def test_each_server_simulates_by_its_own_convention(sim, config, monkeypatch):
     assert "**Simulated acceptance** from " in markdown(report)
 
 
-@pytest.mark.parametrize("more, message", [
-    (("--token-prompts", "2:4"), "--simulate and --token-prompts exclude each other"),
-    (("--max-new-tokens", "64"), "the trace .* holds 32 tokens per prompt"),
-    (("--configs", "none,echo-ngram"), "echo-ngram draft with another drafter than the trace's eagle3"),
-])
+@pytest.mark.parametrize(
+    "more, message",
+    [
+        (("--token-prompts", "2:4"), "--simulate and --token-prompts exclude each other"),
+        (("--max-new-tokens", "64"), "the trace .* holds 32 tokens per prompt"),
+        (("--configs", "none,echo-ngram"), "echo-ngram draft with another drafter than the trace's eagle3"),
+    ],
+)
 def test_what_cannot_hold_is_refused(sim, config, more, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         _args(sim, config, *more)

@@ -25,9 +25,22 @@ class BuiltBundle:
 def bundle_args(inputs: dict[str, Path], wheels: Path, out: Path) -> list[str]:
     tag = binary_tag()
     python = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    return ["--python", python, "--platform", tag.platform, "--host-packages", str(inputs["host"]),
-            "--runtime", str(inputs["runtime"]), "--project", str(inputs["project"]),
-            "--find-links", str(wheels), "--out", str(out)]
+    return [
+        "--python",
+        python,
+        "--platform",
+        tag.platform,
+        "--host-packages",
+        str(inputs["host"]),
+        "--runtime",
+        str(inputs["runtime"]),
+        "--project",
+        str(inputs["project"]),
+        "--find-links",
+        str(wheels),
+        "--out",
+        str(out),
+    ]
 
 
 def run_cli(args: list[str]) -> subprocess.CompletedProcess:

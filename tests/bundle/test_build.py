@@ -16,12 +16,19 @@ def _carried(built) -> dict[str, str]:
 
 
 def test_carries_the_transitive_closure_and_nothing_the_host_has(built):
-    assert _carried(built) == {"sglang": "0.5.23", "alpha": "1.0", "epsilon": "0.5", "eta": "1.0", "zeta": "1.0",
-                               "omega": "1.0"}
+    assert _carried(built) == {
+        "sglang": "0.5.23",
+        "alpha": "1.0",
+        "epsilon": "0.5",
+        "eta": "1.0",
+        "zeta": "1.0",
+        "omega": "1.0",
+    }
     files = sorted(p.name for p in (built.unpacked / "echo-bundle" / "wheels").iterdir())
     assert files == sorted(w["file"] for w in built.manifest["wheels"])
-    assert not any(f.startswith(("torch", "transformers", "beta", "flashinfer", "unlisted", "gamma", "delta"))
-                   for f in files)
+    assert not any(
+        f.startswith(("torch", "transformers", "beta", "flashinfer", "unlisted", "gamma", "delta")) for f in files
+    )
 
 
 def test_why_each_wheel_is_there(built):
@@ -50,7 +57,9 @@ def test_build_backend_resolves_against_an_empty_host(built):
     # backend-helper is on the host list, but pip's isolated build environment cannot see the host.
     assert {w["name"] for w in built.manifest["build_wheels"]} == {"backend-tool", "backend-helper"}
     assert sorted(p.name for p in (built.unpacked / "echo-bundle" / "build").iterdir()) == [
-        "backend_helper-1.0-py3-none-any.whl", "backend_tool-1.0-py3-none-any.whl"]
+        "backend_helper-1.0-py3-none-any.whl",
+        "backend_tool-1.0-py3-none-any.whl",
+    ]
 
 
 def test_sglang_is_slimmed_into_a_valid_wheel(built):

@@ -11,7 +11,7 @@ from .conftest import bundle_args, run_cli
 
 def _replace(args: list[str], flag: str, value: str) -> list[str]:
     i = args.index(flag)
-    return [*args[:i + 1], value, *args[i + 2:]]
+    return [*args[: i + 1], value, *args[i + 2 :]]
 
 
 BAD = [
@@ -35,13 +35,16 @@ def test_bad_flag_values(wheelset, tmp_path, flag, value, message):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--extra", "torch==2.14"], "--extra torch==2.14: torch must come from the host"),
-    (["--extra", "not a requirement!"], "--extra:"),
-    (["--max-mib", "0"], "--max-mib 0: must be > 0"),
-    (["--max-mib", "lots"], "--max-mib: invalid float value"),
-    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--extra", "torch==2.14"], "--extra torch==2.14: torch must come from the host"),
+        (["--extra", "not a requirement!"], "--extra:"),
+        (["--max-mib", "0"], "--max-mib 0: must be > 0"),
+        (["--max-mib", "lots"], "--max-mib: invalid float value"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ],
+)
 def test_bad_flags(wheelset, tmp_path, extra, message):
     wheels, inputs = wheelset
     out = tmp_path / "out"
@@ -58,11 +61,14 @@ def test_out_is_a_file(wheelset, tmp_path):
     assert proc.returncode == 2 and "--out" in proc.stderr and out.read_text() == "mine"
 
 
-@pytest.mark.parametrize("content,message", [
-    ("beta>=1\n", "host.txt:1: 'beta>=1': only `==version` is allowed"),
-    ("[{\"version\": \"1.0\"}]", "not `pip list --format=json` output"),
-    ("# nothing\n", "lists no packages"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("beta>=1\n", "host.txt:1: 'beta>=1': only `==version` is allowed"),
+        ('[{"version": "1.0"}]', "not `pip list --format=json` output"),
+        ("# nothing\n", "lists no packages"),
+    ],
+)
 def test_bad_host_files(wheelset, tmp_path, content, message):
     wheels, inputs = wheelset
     host = tmp_path / "host.txt"

@@ -39,8 +39,16 @@ def host_env(built, wheelset, tmp_path_factory) -> HostEnv:
     env_dir = tmp_path_factory.mktemp("host") / "env"
     venv.create(env_dir, with_pip=True)
     python = str(env_dir / "bin" / "python")
-    pre = _run(python, "-m", "pip", "install", "-q", "--no-index", str(wheels / "torch-2.11.0-py3-none-any.whl"),
-               str(wheels / "omega-1.0-py3-none-any.whl"))
+    pre = _run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-index",
+        str(wheels / "torch-2.11.0-py3-none-any.whl"),
+        str(wheels / "omega-1.0-py3-none-any.whl"),
+    )
     assert pre.returncode == 0, pre.stderr
     return HostEnv(python, _run(python, str(built.unpacked / "echo-bundle" / "install.py")))
 
@@ -54,8 +62,12 @@ def test_installs_into_a_target_and_imports(built, tmp_path):
     assert f"installed 6 wheels into {target}" in proc.stdout and f"export PYTHONPATH={target}" in proc.stdout
     assert not (target / "sglang" / "multimodal_gen").exists() and (target / "sglang" / "srt" / "keep.py").exists()
     assert not any(p.name.startswith(("torch", "beta", "backend")) for p in target.iterdir())
-    check = _run(sys.executable, "-c", "import sglang.launch_server as s; print(s.READY)",
-                 env=os.environ | {"PYTHONPATH": str(target)})
+    check = _run(
+        sys.executable,
+        "-c",
+        "import sglang.launch_server as s; print(s.READY)",
+        env=os.environ | {"PYTHONPATH": str(target)},
+    )
     assert check.stdout.strip() == "('1.0', '1.0')", check.stderr
 
 
@@ -74,8 +86,20 @@ def test_the_project_installs_editable_with_the_bundled_backend(built, wheelset,
     the bundle's build/ folder, offline; the editable .pth lands in the environment's site-packages."""
     _, inputs = wheelset
     build = built.unpacked / "echo-bundle" / "build"
-    proc = _run(host_env.python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--find-links", str(build),
-                "-e", str(inputs["project"]), cwd=inputs["project"])
+    proc = _run(
+        host_env.python,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-index",
+        "--find-links",
+        str(build),
+        "-e",
+        str(inputs["project"]),
+        cwd=inputs["project"],
+    )
     assert proc.returncode == 0, proc.stderr
     check = _run(host_env.python, "-c", "import projmod; print(projmod.WHERE)", cwd="/")
     assert check.stdout.strip() == "the project folder", check.stderr
@@ -87,8 +111,20 @@ def test_without_the_backend_dependency_the_build_fails_offline(built, wheelset,
     build = tmp_path / "build"
     shutil.copytree(built.unpacked / "echo-bundle" / "build", build)
     next(build.glob("backend_helper-*.whl")).unlink()
-    proc = _run(sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index", "--find-links",
-                str(build), "-e", str(inputs["project"]), cwd=inputs["project"])
+    proc = _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--no-deps",
+        "--no-index",
+        "--find-links",
+        str(build),
+        "-e",
+        str(inputs["project"]),
+        cwd=inputs["project"],
+    )
     assert proc.returncode != 0 and "backend-helper" in proc.stdout + proc.stderr
 
 

@@ -47,8 +47,9 @@ def test_markers_are_evaluated_for_the_host_not_for_this_interpreter():
 
 def test_host_files_in_both_formats(tmp_path):
     pip_json = tmp_path / "host.json"
-    pip_json.write_text(json.dumps([{"name": "Typing_Extensions", "version": "4.15.0"},
-                                    {"name": "torch", "version": "2.11.0+cu130"}]))
+    pip_json.write_text(
+        json.dumps([{"name": "Typing_Extensions", "version": "4.15.0"}, {"name": "torch", "version": "2.11.0+cu130"}])
+    )
     host = load_host_packages(pip_json)
     assert host.version("typing-extensions") == "4.15.0" and host.version("TORCH") == "2.11.0+cu130"
     shipped = load_host_packages(DEFAULT_HOST)
@@ -61,8 +62,10 @@ def test_slim_wheel_drops_only_what_the_rules_name(tmp_path):
     src = make_wheel(tmp_path, "sglang", "0.5.23", files=sglang_files())
     report = slim_wheel(src, tmp_path / "out.whl")
     assert report.removed_files == 4 and report.removed_bytes == sum(
-        len(data) for path, data in sglang_files().items()
-        if path.startswith(("sglang/multimodal_gen/", "sglang/test/")) or path == SO_NAME)
+        len(data)
+        for path, data in sglang_files().items()
+        if path.startswith(("sglang/multimodal_gen/", "sglang/test/")) or path == SO_NAME
+    )
 
 
 def _sglang_files() -> list[str]:
@@ -82,8 +85,13 @@ def test_every_rule_matches_the_installed_sglang():
 
 def test_the_server_imports_without_the_slimmed_files():
     """``sglang.launch_server`` and the plugins load with every module the rules drop unimportable."""
-    modules = sorted({f.removesuffix("/__init__.py").split(".")[0].replace("/", ".")
-                      for f in _dropped(_sglang_files()) if f.endswith((".py", ".so"))})
+    modules = sorted(
+        {
+            f.removesuffix("/__init__.py").split(".")[0].replace("/", ".")
+            for f in _dropped(_sglang_files())
+            if f.endswith((".py", ".so"))
+        }
+    )
     assert "sglang.multimodal_gen" in modules and "sglang.test" in modules
     assert "sglang.srt.mem_cache.rust_tree_core.mem_cache" in modules
     code = textwrap.dedent(f"""

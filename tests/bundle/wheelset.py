@@ -49,18 +49,36 @@ def binary_tag() -> tags.Tag:
     return next(t for t in tags.sys_tags() if t.platform.startswith(("manylinux", "musllinux", "linux_")))
 
 
-def make_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = (), extras: tuple[str, ...] = (),
-               files: dict[str, bytes] | None = None, tag: str = "py3-none-any") -> Path:
+def make_wheel(
+    folder: Path,
+    name: str,
+    version: str,
+    requires: tuple[str, ...] = (),
+    extras: tuple[str, ...] = (),
+    files: dict[str, bytes] | None = None,
+    tag: str = "py3-none-any",
+) -> Path:
     """A minimal valid wheel; by default one module ``<name>/__init__.py`` holding ``VERSION``."""
     dist = name.replace("-", "_")
-    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
-            *(f"Provides-Extra: {e}" for e in extras), *(f"Requires-Dist: {r}" for r in requires)]
-    wheel = ["Wheel-Version: 1.0", "Generator: tests", f"Root-Is-Purelib: {str(tag.endswith('-any')).lower()}",
-             f"Tag: {tag}"]
+    meta = [
+        "Metadata-Version: 2.1",
+        f"Name: {name}",
+        f"Version: {version}",
+        *(f"Provides-Extra: {e}" for e in extras),
+        *(f"Requires-Dist: {r}" for r in requires),
+    ]
+    wheel = [
+        "Wheel-Version: 1.0",
+        "Generator: tests",
+        f"Root-Is-Purelib: {str(tag.endswith('-any')).lower()}",
+        f"Tag: {tag}",
+    ]
     files = files if files is not None else {f"{dist}/__init__.py": f"VERSION = {version!r}\n".encode()}
     members = [Member(path, data) for path, data in files.items()]
-    members += [Member(f"{dist}-{version}.dist-info/METADATA", ("\n".join(meta) + "\n").encode()),
-                Member(f"{dist}-{version}.dist-info/WHEEL", ("\n".join(wheel) + "\n").encode())]
+    members += [
+        Member(f"{dist}-{version}.dist-info/METADATA", ("\n".join(meta) + "\n").encode()),
+        Member(f"{dist}-{version}.dist-info/WHEEL", ("\n".join(wheel) + "\n").encode()),
+    ]
     return write_wheel(folder / f"{dist}-{version}-{tag}.whl", members)
 
 
@@ -80,19 +98,52 @@ def sglang_files() -> dict[str, bytes]:
 def build_wheelset(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tag = str(binary_tag())
-    make_wheel(folder, "sglang", "0.5.23", tag=tag, files=sglang_files(), requires=(
-        "alpha>=1.0", "beta", "kappa>=1", "torch==9.9", "transformers==9.9", "flashinfer_python[cu13]==0.7.2",
-        "unlisted-lib", "zeta", 'gamma; extra == "diffusion"', 'delta; python_version < "3"'), extras=("diffusion",))
+    make_wheel(
+        folder,
+        "sglang",
+        "0.5.23",
+        tag=tag,
+        files=sglang_files(),
+        requires=(
+            "alpha>=1.0",
+            "beta",
+            "kappa>=1",
+            "torch==9.9",
+            "transformers==9.9",
+            "flashinfer_python[cu13]==0.7.2",
+            "unlisted-lib",
+            "zeta",
+            'gamma; extra == "diffusion"',
+            'delta; python_version < "3"',
+        ),
+        extras=("diffusion",),
+    )
     make_wheel(folder, "alpha", "1.0", requires=("epsilon[fast]>=0.5", "eta"))
     make_wheel(folder, "alpha", "2.0")
     make_wheel(folder, "epsilon", "0.5", requires=('zeta; extra == "fast"', "eta<2"), extras=("fast",))
-    for name, version in (("eta", "1.0"), ("eta", "2.0"), ("zeta", "1.0"), ("omega", "1.0"), ("beta", "1.0"),
-                          ("torch", "9.9"), ("torch", "2.11.0"), ("transformers", "9.9"),
-                          ("flashinfer-python", "0.7.2"),
-                          ("unlisted-lib", "1.0"), ("gamma", "1.0"), ("delta", "1.0"), ("backend-helper", "1.0")):
+    for name, version in (
+        ("eta", "1.0"),
+        ("eta", "2.0"),
+        ("zeta", "1.0"),
+        ("omega", "1.0"),
+        ("beta", "1.0"),
+        ("torch", "9.9"),
+        ("torch", "2.11.0"),
+        ("transformers", "9.9"),
+        ("flashinfer-python", "0.7.2"),
+        ("unlisted-lib", "1.0"),
+        ("gamma", "1.0"),
+        ("delta", "1.0"),
+        ("backend-helper", "1.0"),
+    ):
         make_wheel(folder, name, version)
-    make_wheel(folder, "backend-tool", "1.0", requires=("backend-helper",),
-               files={"backend_tool/__init__.py": BACKEND.encode()})
+    make_wheel(
+        folder,
+        "backend-tool",
+        "1.0",
+        requires=("backend-helper",),
+        files={"backend_tool/__init__.py": BACKEND.encode()},
+    )
     return folder
 
 
@@ -105,7 +156,8 @@ def write_inputs(root: Path) -> dict[str, Path]:
     host.write_text("# a host\nbeta==1.0\nkappa\ntorch==2.11.0\nbackend-helper\n")
     project = root / "project"
     project.mkdir(exist_ok=True)
-    (project / "pyproject.toml").write_text('[build-system]\nrequires = ["backend-tool>=1"]\n'
-                                            'build-backend = "backend_tool"\n')
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["backend-tool>=1"]\nbuild-backend = "backend_tool"\n'
+    )
     (project / "projmod.py").write_text("WHERE = 'the project folder'\n")
     return {"runtime": runtime, "host": host, "project": project}

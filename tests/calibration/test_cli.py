@@ -28,24 +28,37 @@ def test_draft_for_another_vocabulary_is_refused(tmp_path, capsys):
     for d, vocab in ((model, 100), (draft, 200)):
         d.mkdir()
         (d / "config.json").write_text(json.dumps({"vocab_size": vocab, "hidden_size": 8}))
-    assert _status(["--drafter", "eagle3", "--model", str(model), "--draft", str(draft), "--out", str(tmp_path / "c.json")]) == 2
+    assert (
+        _status(
+            ["--drafter", "eagle3", "--model", str(model), "--draft", str(draft), "--out", str(tmp_path / "c.json")]
+        )
+        == 2
+    )
     assert "trained for a target with vocab_size=200" in capsys.readouterr().err
-    assert _status(["--drafter", "ngram", "--model", str(model), "--draft", str(draft), "--out", str(tmp_path / "c.json")]) == 2
+    assert (
+        _status(["--drafter", "ngram", "--model", str(model), "--draft", str(draft), "--out", str(tmp_path / "c.json")])
+        == 2
+    )
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "cannot read"),
-    ("", "no non-empty prompts"),
-    ('{"prompt": "   "}\n', "no non-empty prompts"),
-    ('{"text": "hi"}\n', "needs 'prompt' or 'messages'"),
-    ('{"prompt": "a"\n', "Expecting"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "cannot read"),
+        ("", "no non-empty prompts"),
+        ('{"prompt": "   "}\n', "no non-empty prompts"),
+        ('{"text": "hi"}\n', "needs 'prompt' or 'messages'"),
+        ('{"prompt": "a"\n', "Expecting"),
+    ],
+)
 def test_bad_prompt_files_exit_2_with_a_reason(tmp_path, capsys, smollm2_dir, content, message):
     prompts = tmp_path / "p.jsonl"
     if content is not None:
         prompts.write_text(content)
     out = tmp_path / "c.json"
-    assert _status(["--drafter", "ngram", "--model", str(smollm2_dir), "--prompts", str(prompts), "--out", str(out)]) == 2
+    assert (
+        _status(["--drafter", "ngram", "--model", str(smollm2_dir), "--prompts", str(prompts), "--out", str(out)]) == 2
+    )
     err = capsys.readouterr().err
     assert message in err and err.count("error:") == 1
     assert not out.exists()
@@ -58,11 +71,23 @@ def _synthetic_samples(path: Path, n: int = 400, depth: int = 4, seed: int = 0) 
     conf = np.empty((n, depth))
     for d in range(1, depth + 1):
         good = acc >= d
-        conf[:, d - 1] = np.where(good, rng.uniform(0.4, 1.0, n), rng.uniform(0.0, 0.6, n)) if d <= 2 else rng.uniform(0, 1, n)
+        conf[:, d - 1] = (
+            np.where(good, rng.uniform(0.4, 1.0, n), rng.uniform(0.0, 0.6, n)) if d <= 2 else rng.uniform(0, 1, n)
+        )
     with open(path, "w") as fh:
         for i in range(0, n, 4):
-            fh.write(json.dumps({"conf": conf[i:i + 4].tolist(), "top1": conf[i:i + 4].tolist(),
-                                 "accepted": acc[i:i + 4].tolist(), "verify_tokens": 9 * (1 + i % 3), "verify_s": 0.01}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "conf": conf[i : i + 4].tolist(),
+                        "top1": conf[i : i + 4].tolist(),
+                        "accepted": acc[i : i + 4].tolist(),
+                        "verify_tokens": 9 * (1 + i % 3),
+                        "verify_s": 0.01,
+                    }
+                )
+                + "\n"
+            )
 
 
 def test_from_samples_writes_a_calibration_the_plugin_loads(tmp_path, smollm2_dir):
@@ -87,8 +112,21 @@ def test_from_samples_writes_a_calibration_the_plugin_loads(tmp_path, smollm2_di
     for suffix in (".md", ".confidence_density.png", ".auc_by_depth.png", ".verify_cost.png"):
         assert (tmp_path / f"ngram{suffix}").stat().st_size > 0
     # The same samples made for eagle3 are refused by an n-gram server, and vice versa.
-    assert main(["--drafter", "eagle3", "--model", str(smollm2_dir), "--from-samples", str(samples),
-                 "--out", str(tmp_path / "e.json")]) == 0
+    assert (
+        main(
+            [
+                "--drafter",
+                "eagle3",
+                "--model",
+                str(smollm2_dir),
+                "--from-samples",
+                str(samples),
+                "--out",
+                str(tmp_path / "e.json"),
+            ]
+        )
+        == 0
+    )
     from sglang_echo.core.calibration_file import CalibrationError
 
     with pytest.raises(CalibrationError, match="made for the 'eagle3' drafter"):
@@ -100,8 +138,26 @@ def test_from_samples_writes_a_calibration_the_plugin_loads(tmp_path, smollm2_di
 def test_calibrate_smollm2_end_to_end(tmp_path, smollm2_dir, drafter):
     """A few prompts through the real server; the file loads for the served model and drafter."""
     out = tmp_path / f"{drafter}.json"
-    argv = ["--drafter", drafter, "--model", str(smollm2_dir), "--prompts", "chat,humaneval", "--num-prompts", "4",
-            "--max-new-tokens", "24", "--depth", "4", "--width", "2", "--concurrency", "4", "--out", str(out)]
+    argv = [
+        "--drafter",
+        drafter,
+        "--model",
+        str(smollm2_dir),
+        "--prompts",
+        "chat,humaneval",
+        "--num-prompts",
+        "4",
+        "--max-new-tokens",
+        "24",
+        "--depth",
+        "4",
+        "--width",
+        "2",
+        "--concurrency",
+        "4",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     from sglang_echo.calibration.probe import read_samples
 
@@ -109,7 +165,9 @@ def test_calibrate_smollm2_end_to_end(tmp_path, smollm2_dir, drafter):
     assert s.depth == 4 and s.num_samples >= 4 * 24 // 5  # every step of every request
     rates = [s.labels(d).mean() for d in range(1, 5)]
     assert rates == sorted(rates, reverse=True), "accepting depth d needs depth d-1 accepted"
-    assert ((s.conf >= 0) & (s.conf <= 1)).all() and (np.diff(s.conf, axis=1) <= 1e-6).all(), "c_{i,d} never grows with d"
+    assert ((s.conf >= 0) & (s.conf <= 1)).all() and (np.diff(s.conf, axis=1) <= 1e-6).all(), (
+        "c_{i,d} never grows with d"
+    )
     last_pos: dict[str, int] = {}  # every sample names its request and root position, advancing step by step
     for line in (tmp_path / f"{drafter}.samples.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -133,8 +191,21 @@ def test_shipped_calibration_is_found_only_for_its_model_and_drafter(tmp_path, s
     _synthetic_samples(samples)
     shipped = tmp_path / "shipped"
     shipped.mkdir()
-    assert main(["--drafter", "ngram", "--model", str(smollm2_dir), "--from-samples", str(samples),
-                 "--out", str(shipped / "smollm2-ngram.json")]) == 0
+    assert (
+        main(
+            [
+                "--drafter",
+                "ngram",
+                "--model",
+                str(smollm2_dir),
+                "--from-samples",
+                str(samples),
+                "--out",
+                str(shipped / "smollm2-ngram.json"),
+            ]
+        )
+        == 0
+    )
     assert shipped_calibration(smollm2_dir, "ngram", root=shipped) == shipped / "smollm2-ngram.json"
     assert shipped_calibration(smollm2_dir, "eagle3", root=shipped) is None
     other = tmp_path / "other-model"

@@ -8,7 +8,7 @@ import torch
 
 from sglang_echo.calibration.probe import ProbeRecorder, depth_profile, read_samples
 from sglang_echo.calibration.stats import verify_cost_knee
-from sglang_echo.core import build_trees, make_policy, PolicyConfig
+from sglang_echo.core import PolicyConfig, build_trees, make_policy
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
 
 from ..core.test_scheduler import TableDrafter, tree_shape
@@ -34,8 +34,9 @@ def test_beam_tree_verifies_every_depth_width_wide():
 def test_depth_profile_hand_computed():
     # Depth 1: children .7/.3 of the root; depth 2: the .7 node's children .9/.1 (path .63 / .07),
     # the .3 node's are penalised by exp(-10) in TableDrafter.
-    _, state = build_trees(make_policy("beam-tree", PolicyConfig(max_depth=2, topk=2)),
-                           TableDrafter([[0.7, 0.9]], 2), torch.tensor([0]))
+    _, state = build_trees(
+        make_policy("beam-tree", PolicyConfig(max_depth=2, topk=2)), TableDrafter([[0.7, 0.9]], 2), torch.tensor([0])
+    )
     conf, top1 = depth_profile(state.pool, 2)
     assert conf[0].tolist() == pytest.approx([0.7, 0.63], rel=1e-5)
     assert top1[0].tolist() == pytest.approx([0.7, 0.9], rel=1e-5)
@@ -45,14 +46,17 @@ def test_depth_profile_hand_computed():
 
 
 def test_recorder_pairs_steps_with_accepts_in_order_and_drops_mismatches(tmp_path):
-    _, state = build_trees(make_policy("beam-tree", PolicyConfig(max_depth=2, topk=2)),
-                           TableDrafter([[0.7, 0.9], [0.5, 0.5]], 2), torch.tensor([0, 1]))
+    _, state = build_trees(
+        make_policy("beam-tree", PolicyConfig(max_depth=2, topk=2)),
+        TableDrafter([[0.7, 0.9], [0.5, 0.5]], 2),
+        torch.tensor([0, 1]),
+    )
     rec = ProbeRecorder(tmp_path / "s.jsonl")
     rec.on_draft(state.pool, 2, rids=["a", "b"], positions=[17, 40])  # step 1 (bs 2) ...
     rec.on_verify(10, 0.5)
     rec.on_draft(state.pool, 2)  # ... step 2 drafted before step 1's accepts arrive (overlap)
-    rec.on_accept([2, 0])        # -> step 1
-    rec.on_accept([1])           # step 2 had 2 requests: dropped, not mislabelled
+    rec.on_accept([2, 0])  # -> step 1
+    rec.on_accept([1])  # step 2 had 2 requests: dropped, not mislabelled
     assert (rec.steps, rec.dropped) == (1, 1)
     s = read_samples(tmp_path / "s.jsonl")
     assert s.num_samples == 2 and s.depth == 2

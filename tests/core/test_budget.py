@@ -59,15 +59,31 @@ def test_one_slow_step_does_not_raise_every_larger_size():
     assert isotonic([5.0, 1.0], [1.0, 3.0]) == [2.0, 2.0]
 
 
-def feed(budget: CostModelBudget, *, steps: int, B: int, depth: int, accept: list[float], verify, draft_per_depth: float,
-         rest: float = 0.0) -> None:
+def feed(
+    budget: CostModelBudget,
+    *,
+    steps: int,
+    B: int,
+    depth: int,
+    accept: list[float],
+    verify,
+    draft_per_depth: float,
+    rest: float = 0.0,
+) -> None:
     """Steps of B requests drafted to ``depth`` (chains): request i accepts its first d drafts
     for the first ``accept[d-1]`` share of the batch (so G(depth) ~ sum(accept[:depth]))."""
     for _ in range(steps):
         K = B * (1 + depth)
         v, dr = verify(K), depth * draft_per_depth
-        budget.observe_step(batch_size=B, target_tokens=K, verified_tokens=K, draft_forwards=depth,
-                            draft_s=dr, verify_s=v, step_s=v + dr + rest)
+        budget.observe_step(
+            batch_size=B,
+            target_tokens=K,
+            verified_tokens=K,
+            draft_forwards=depth,
+            draft_s=dr,
+            verify_s=v,
+            step_s=v + dr + rest,
+        )
         acc = [sum(1 for a in accept[:depth] if i < a * B) for i in range(B)]
         budget.observe_accept(acc)
 
@@ -99,8 +115,15 @@ def test_flat_verify_cost_spends_the_whole_budget():
     """A GPU-like cost (verify flat in K up to far past K_max): deep trees pay, K_max binds."""
     budget = CostModelBudget(k_max=64, max_depth=4, warmup=0, explore_every=1000)
     for B, depth in ((4, 4), (8, 4), (16, 3), (8, 1)):
-        feed(budget, steps=6, B=B, depth=depth, accept=[0.8, 0.6, 0.45, 0.3], verify=lambda K: 0.02,
-             draft_per_depth=0.001)
+        feed(
+            budget,
+            steps=6,
+            B=B,
+            depth=depth,
+            accept=[0.8, 0.6, 0.45, 0.3],
+            verify=lambda K: 0.02,
+            draft_per_depth=0.001,
+        )
     assert budget.best_depth(8) == 4
     # flat verify: every token up to K_max is free; step 2 probes plain decoding (no plain step seen yet)
     assert [budget.cap(8), budget.cap(32), budget.cap(32)] == [64, 32, 64]
@@ -198,9 +221,16 @@ def test_measured_rates_veto_drafting_the_model_favours():
             cap = budget.cap(B)
             drafted = cap > B
             step_s = draft_s[0] if drafted else 0.05
-            budget.observe_step(batch_size=B, target_tokens=cap, verified_tokens=B * 2 if drafted else B,
-                                draft_forwards=int(drafted), draft_s=0.01 * drafted, verify_s=0.02, step_s=step_s,
-                                cap=cap)
+            budget.observe_step(
+                batch_size=B,
+                target_tokens=cap,
+                verified_tokens=B * 2 if drafted else B,
+                draft_forwards=int(drafted),
+                draft_s=0.01 * drafted,
+                verify_s=0.02,
+                step_s=step_s,
+                cap=cap,
+            )
             budget.observe_accept([1] * B if drafted else [0] * B)
             caps.append(cap)
         return caps
@@ -238,8 +268,15 @@ def test_gated_trees_are_credited_by_what_the_batch_accepted():
     budget = CostModelBudget(k_max=64, max_depth=4, warmup=0, explore_every=1000, decay=1.0)
     B = 8
     for _ in range(4):
-        budget.observe_step(batch_size=B, target_tokens=2 * B, verified_tokens=2 * B, draft_forwards=4,
-                            draft_s=0.04, verify_s=0.1, step_s=0.15)
+        budget.observe_step(
+            batch_size=B,
+            target_tokens=2 * B,
+            verified_tokens=2 * B,
+            draft_forwards=4,
+            draft_s=0.04,
+            verify_s=0.1,
+            step_s=0.15,
+        )
         budget.observe_accept([3, 3, 0, 0, 0, 0, 0, 0])
     assert budget.expected_gain(1) == pytest.approx(0.75)
     assert budget.draft_forwards(1) == pytest.approx(4.0)  # the gated trees went 4 deep for D = 1
@@ -254,8 +291,16 @@ def test_a_cap_is_credited_with_what_the_gates_spend_of_it():
 
     def step(B: int, cap: int, drafted: int, accepted: list[int]) -> None:
         n = B * (1 + drafted)
-        budget.observe_step(batch_size=B, target_tokens=n, verified_tokens=n, draft_forwards=drafted,
-                            draft_s=0.005 * drafted, verify_s=verify(n), step_s=verify(n) + 0.005 * drafted, cap=cap)
+        budget.observe_step(
+            batch_size=B,
+            target_tokens=n,
+            verified_tokens=n,
+            draft_forwards=drafted,
+            draft_s=0.005 * drafted,
+            verify_s=verify(n),
+            step_s=verify(n) + 0.005 * drafted,
+            cap=cap,
+        )
         budget.observe_accept(accepted)
 
     for _ in range(4):
@@ -266,8 +311,16 @@ def test_a_cap_is_credited_with_what_the_gates_spend_of_it():
     assert budget.expected_rate(8, 4) == pytest.approx(8 * 1.5 / (verify(24) + 2 * 0.005))
     assert budget.best_depth(8) == 0 and budget.cap(8) == 8
     warm = CostModelBudget(k_max=64, max_depth=4, warmup=0, decay=1.0)  # only a K_max step seen at batch 1
-    warm.observe_step(batch_size=1, target_tokens=5, verified_tokens=5, draft_forwards=4, draft_s=0.02,
-                      verify_s=0.06, step_s=0.08, cap=64)
+    warm.observe_step(
+        batch_size=1,
+        target_tokens=5,
+        verified_tokens=5,
+        draft_forwards=4,
+        draft_s=0.02,
+        verify_s=0.06,
+        step_s=0.08,
+        cap=64,
+    )
     assert [warm.spent(d) for d in (1, 3, 4, 100)] == [1.0, 3.0, 4.0, 4.0]  # spent 4 of 63: so all of 1-4
 
 
@@ -322,11 +375,23 @@ def test_every_step_reports_why_it_drafted_or_not():
 
     def step(B: int, forwards: int = 0):
         cap = budget.cap(B)
-        return budget.observe_step(batch_size=B, target_tokens=cap, verified_tokens=cap, draft_forwards=forwards,
-                                   draft_s=0.01 * forwards, verify_s=0.05, step_s=0.06 + 0.01 * forwards, cap=cap)
+        return budget.observe_step(
+            batch_size=B,
+            target_tokens=cap,
+            verified_tokens=cap,
+            draft_forwards=forwards,
+            draft_s=0.01 * forwards,
+            verify_s=0.05,
+            step_s=0.06 + 0.01 * forwards,
+            cap=cap,
+        )
 
-    assert budget.observe_step(batch_size=8, target_tokens=8, verified_tokens=8, draft_forwards=0, draft_s=0.0,
-                               verify_s=0.05, step_s=0.05) is None  # no cap() decided it
+    assert (
+        budget.observe_step(
+            batch_size=8, target_tokens=8, verified_tokens=8, draft_forwards=0, draft_s=0.0, verify_s=0.05, step_s=0.05
+        )
+        is None
+    )  # no cap() decided it
     assert step(8, forwards=1) == ("draft", "warmup")
     assert [step(8) for _ in range(2)] == [("plain", "model")] * 2  # nothing gained yet: plain decoding
     assert step(8, forwards=1) == ("draft", "explore")  # call 4
@@ -334,7 +399,11 @@ def test_every_step_reports_why_it_drafted_or_not():
         budget.rates.add(8, "plain", 8, 0.05)
         budget.rates.add(8, "draft", 16, 0.08)
     assert [step(8, forwards=1) for _ in range(4)] == [  # calls 5..8: 6 probes plain decoding, 8 explores
-        ("draft", "measured"), ("plain", "probe"), ("draft", "measured"), ("draft", "explore")]
+        ("draft", "measured"),
+        ("plain", "probe"),
+        ("draft", "measured"),
+        ("draft", "explore"),
+    ]
 
 
 def test_warmup_and_explorations_wait_for_room_to_draft():
@@ -343,8 +412,15 @@ def test_warmup_and_explorations_wait_for_room_to_draft():
     def step(B: int):
         cap = budget.cap(B)
         forwards = int(cap > B)
-        return cap, budget.observe_step(batch_size=B, target_tokens=min(cap, B * 4), verified_tokens=min(cap, B * 4),
-                                        draft_forwards=forwards, draft_s=0.01 * forwards, verify_s=0.05, step_s=0.06)
+        return cap, budget.observe_step(
+            batch_size=B,
+            target_tokens=min(cap, B * 4),
+            verified_tokens=min(cap, B * 4),
+            draft_forwards=forwards,
+            draft_s=0.01 * forwards,
+            verify_s=0.05,
+            step_s=0.06,
+        )
 
     assert [step(B) for B in (128, 64, 64, 64, 64)] == [(64, ("plain", "full"))] * 5  # steps 1..5, exploration due
     assert step(40) == (40, ("plain", "model"))  # room for 24 drafts among 40 requests: not enough to measure
@@ -361,9 +437,15 @@ def test_served_rates_compare_the_sizes_of_a_bucket_fairly():
     def serve(B: int, arm: str, drafted: int, accepted: int, draft_s: float) -> None:
         budget._arm = arm  # as cap() would have decided (the test picks each step's side)
         verify_s = 0.01 * (B + drafted)
-        budget.observe_step(batch_size=B, target_tokens=B + drafted, verified_tokens=B + drafted,
-                            draft_forwards=int(drafted > 0), draft_s=draft_s, verify_s=verify_s,
-                            step_s=verify_s + draft_s)
+        budget.observe_step(
+            batch_size=B,
+            target_tokens=B + drafted,
+            verified_tokens=B + drafted,
+            draft_forwards=int(drafted > 0),
+            draft_s=draft_s,
+            verify_s=verify_s,
+            step_s=verify_s + draft_s,
+        )
         budget.observe_accept([1] * accepted + [0] * (B - accepted))
 
     for _ in range(4):

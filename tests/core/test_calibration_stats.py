@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from sglang_echo.core.calibration_file import DepthStats
 from sglang_echo.calibration.stats import (
     auc,
     auc_bootstrap_ci,
@@ -12,6 +11,7 @@ from sglang_echo.calibration.stats import (
     sweet_spots,
     youden_threshold,
 )
+from sglang_echo.core.calibration_file import DepthStats
 
 
 def test_auc_hand_computed():

@@ -25,7 +25,12 @@ def run(policy: str, device: str, batch: int = 48, seed: int = 3):
     trees, _ = build_trees(make_policy(policy, cfg), SyntheticDrafter(world), roots)
     packed = pack(trees, prefix)
     pred = world.target_argmax(trees)
-    return trees, packed, greedy_verify(trees, pred), greedy_verify_padded(packed, pred[packed.retrieve_index.clamp(min=0)])
+    return (
+        trees,
+        packed,
+        greedy_verify(trees, pred),
+        greedy_verify_padded(packed, pred[packed.retrieve_index.clamp(min=0)]),
+    )
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -34,8 +39,15 @@ def test_policy_on_cuda_equals_cpu(policy):
     for name in ("indptr", "tokens", "parents", "depth"):
         assert torch.equal(getattr(cpu[0], name), getattr(gpu[0], name).cpu()), name
     torch.testing.assert_close(cpu[0].logprob, gpu[0].logprob.cpu())
-    for name in ("qo_indptr", "positions", "tree_mask", "packed_mask", "retrieve_index", "retrieve_next_token",
-                 "retrieve_next_sibling"):
+    for name in (
+        "qo_indptr",
+        "positions",
+        "tree_mask",
+        "packed_mask",
+        "retrieve_index",
+        "retrieve_next_token",
+        "retrieve_next_sibling",
+    ):
         assert torch.equal(getattr(cpu[1], name), getattr(gpu[1], name).cpu()), name
     for res_cpu, res_gpu in ((cpu[2], gpu[2]), (cpu[3], gpu[3])):
         assert torch.equal(res_cpu.accept_len, res_gpu.accept_len.cpu())

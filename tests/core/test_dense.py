@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sglang_echo.core.dense import plain_dense, to_sglang_dense
+from sglang_echo.core.factory import POLICIES
 from sglang_echo.core.policy import build_trees
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
-from sglang_echo.core.factory import POLICIES
 from sglang_echo.integration.config import load_config, make_echo_policy
-from sglang_echo.core.dense import plain_dense, to_sglang_dense
 
 
 def _trees(policy_name: str, B: int = 6, k_max: int = 20, seed: int = 0, **env):
@@ -82,7 +82,7 @@ def test_full_mask_layout():
     assert d.custom_mask.numel() == int(seq_lens.sum()) * W + W * W * 3
     off = 0
     for b, L in enumerate(seq_lens.tolist()):
-        block = d.custom_mask[off: off + W * (L + W)].view(W, L + W)
+        block = d.custom_mask[off : off + W * (L + W)].view(W, L + W)
         assert block[:, :L].all() and torch.equal(block[:, L:], d.tree_mask[b])
         off += W * (L + W)
 
@@ -123,8 +123,16 @@ def test_padding_is_never_accepted():
     predicts = torch.zeros(B * W, dtype=torch.int32)
     accept_index = torch.full((B, depth), -1, dtype=torch.int64)
     accept_num = torch.zeros(B, dtype=torch.int32)
-    verify_tree_greedy_cpu(predicts, accept_index, accept_num, cand, d.retrieve_index, d.retrieve_next_token,
-                           d.retrieve_next_sibling, target)
+    verify_tree_greedy_cpu(
+        predicts,
+        accept_index,
+        accept_num,
+        cand,
+        d.retrieve_index,
+        d.retrieve_next_token,
+        d.retrieve_next_sibling,
+        target,
+    )
     for b in range(B):
         acc = accept_index[b][accept_index[b] >= 0] - b * W
         assert (acc < trees.sizes[b]).all()  # only real nodes

@@ -5,12 +5,25 @@ import json
 import pytest
 import torch
 
-from sglang_echo.core import Calibration, CalibrationError, DepthStats, GatingConfig, fingerprint, layer_confidence, load_calibration
+from sglang_echo.core import (
+    Calibration,
+    CalibrationError,
+    DepthStats,
+    GatingConfig,
+    fingerprint,
+    layer_confidence,
+    load_calibration,
+)
 
 
 def make_calibration(**over) -> Calibration:
     rows = tuple(DepthStats(d, 0.9 - 0.05 * d, (0.8, 0.95), 0.7, 100, 50, 0.1 * d) for d in range(1, 7))
-    base = dict(model={"name": "m", "fingerprint": "sha256:aa"}, drafter={"kind": "eagle3", "fingerprint": "sha256:bb"}, depths=rows, sweet_spots=(1, 3, 6))
+    base = dict(
+        model={"name": "m", "fingerprint": "sha256:aa"},
+        drafter={"kind": "eagle3", "fingerprint": "sha256:bb"},
+        depths=rows,
+        sweet_spots=(1, 3, 6),
+    )
     return Calibration(**{**base, **over})
 
 

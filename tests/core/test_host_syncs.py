@@ -9,8 +9,8 @@ import torch
 
 from sglang_echo.bench.scheduler import OpCounter, Step, count_control_ops
 from sglang_echo.core import PolicyConfig, build_trees
-from sglang_echo.core.factory import POLICIES
 from sglang_echo.core.dense import to_sglang_dense
+from sglang_echo.core.factory import POLICIES
 
 CFG = PolicyConfig(k_max=64, max_depth=6, w_def=1, w_max=4, topk=3, total_tokens=12)
 FIXED_SYNCS = 3  # widest tree (pad), compaction, ragged tree_mask size

@@ -11,8 +11,12 @@ from sglang_echo.core.tree import Candidates, NodePool
 
 def cands(B, C, F, seed):
     g = torch.Generator().manual_seed(seed)
-    return Candidates(tokens=torch.randint(0, 100, (B, C), generator=g), logprob=-torch.rand(B, C, generator=g),
-                      parent=torch.randint(0, F, (B, C), generator=g), valid=torch.rand(B, C, generator=g) > 0.2)
+    return Candidates(
+        tokens=torch.randint(0, 100, (B, C), generator=g),
+        logprob=-torch.rand(B, C, generator=g),
+        parent=torch.randint(0, F, (B, C), generator=g),
+        valid=torch.rand(B, C, generator=g) > 0.2,
+    )
 
 
 def test_preallocated_pool_equals_growing_pool():

@@ -37,7 +37,9 @@ BUDGETED = ("echo", "dense-gating", "fixed-threshold", "budgeted-chain")
 )
 def test_policy_invariants(policy, batch, k_per_req, max_depth, w_def, extra_w, taus, seed):
     k_max = max(1, int(batch * k_per_req))
-    cfg = PolicyConfig(k_max=k_max, max_depth=max_depth, w_def=w_def, w_max=w_def + extra_w, topk=3, total_tokens=7, fixed_tau=taus[0])
+    cfg = PolicyConfig(
+        k_max=k_max, max_depth=max_depth, w_def=w_def, w_max=w_def + extra_w, topk=3, total_tokens=7, fixed_tau=taus[0]
+    )
     gating = GatingConfig((1, 2, 4), tuple(taus))
     world = SyntheticWorld(batch, vocab=300, seed=seed)
     roots = torch.randint(0, 300, (batch,), generator=torch.Generator().manual_seed(seed))
@@ -67,7 +69,9 @@ def test_policy_invariants(policy, batch, k_per_req, max_depth, w_def, extra_w, 
     taus=st.lists(st.floats(0, 0.9), min_size=2, max_size=2),
     seed=st.integers(0, 10**6),
 )
-def test_width_only_for_truncated_requests_and_only_when_none_can_deepen(batch, k_per_req, max_depth, w_def, extra_w, taus, seed):
+def test_width_only_for_truncated_requests_and_only_when_none_can_deepen(
+    batch, k_per_req, max_depth, w_def, extra_w, taus, seed
+):
     cfg = ElasticConfig(max(1, int(batch * k_per_req)), max_depth, w_def, w_def + extra_w)
     policy = ElasticPolicy(cfg, GatingConfig((1, 3), tuple(taus)))
     world = SyntheticWorld(batch, vocab=300, seed=seed)
@@ -166,4 +170,3 @@ def test_static_tree_keeps_the_global_top_n():
     trees, _ = build_trees(StaticTree(2, 2, 4), TableDrafter([[0.7, 0.9]], 2), torch.tensor([0]))
     # d1: {.7, .3}; d2 under the .7 node: {.63, .07}; under .3 (penalised): tiny. Top 3: .7, .63, .3.
     assert sorted(trees.path_score.exp().tolist(), reverse=True)[1:] == pytest.approx([0.7, 0.63, 0.3], rel=1e-5)
-

@@ -109,7 +109,9 @@ def sample_tree_batch(last: torch.Tensor, gen: torch.Generator) -> tuple[DraftTr
     dists = torch.stack([Q1[last], Q2[last], Q2[a], Q1[c]], 1).reshape(B * 4, V)
     base = torch.arange(B)[:, None] * 4
     D = DETERMINISTIC
-    proposal = torch.cat([torch.full((B, 1), D), base + 0, base + 1, torch.full((B, 1), D), base + 2, torch.full((B, 1), D), base + 3], 1)
+    proposal = torch.cat(
+        [torch.full((B, 1), D), base + 0, base + 1, torch.full((B, 1), D), base + 2, torch.full((B, 1), D), base + 3], 1
+    )
     n = 7 * B
     trees = DraftTrees(
         indptr=torch.arange(B + 1) * 7,

@@ -9,7 +9,9 @@ import torch
 from sglang_echo.core import DETERMINISTIC, DraftTrees
 
 
-def random_trees(rng: random.Random, batch: int, max_nodes: int, vocab: int, distinct_siblings: bool = True) -> DraftTrees:
+def random_trees(
+    rng: random.Random, batch: int, max_nodes: int, vocab: int, distinct_siblings: bool = True
+) -> DraftTrees:
     """Random ragged trees: node j > 0 of a request hangs under a random earlier node."""
     sizes = [rng.randint(1, max_nodes) for _ in range(batch)]
     tokens, parents, depth = [], [], []

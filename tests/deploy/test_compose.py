@@ -15,8 +15,18 @@ import yaml
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 # The compose file keys this file uses (the Compose specification's names).
-SERVICE_KEYS = {"build", "image", "command", "environment", "volumes", "shm_size", "expose", "ports", "deploy",
-                "depends_on"}
+SERVICE_KEYS = {
+    "build",
+    "image",
+    "command",
+    "environment",
+    "volumes",
+    "shm_size",
+    "expose",
+    "ports",
+    "deploy",
+    "depends_on",
+}
 
 
 def compose() -> dict:

@@ -95,8 +95,11 @@ def context_files(context: Path, rules) -> dict[str, int]:
     for dirpath, dirnames, filenames in os.walk(context):
         rel_dir = os.path.relpath(dirpath, context)
         rel_dir = "" if rel_dir == "." else rel_dir + "/"
-        dirnames[:] = [d for d in dirnames if not excluded(rel_dir + d, rules)
-                       or any(k.startswith(rel_dir + d + "/") for k in keeps)]
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if not excluded(rel_dir + d, rules) or any(k.startswith(rel_dir + d + "/") for k in keeps)
+        ]
         for f in filenames:
             if not excluded(rel_dir + f, rules):
                 out[rel_dir + f] = os.path.getsize(os.path.join(dirpath, f))
@@ -136,8 +139,11 @@ def test_every_copy_finds_its_source_in_the_context(image):
 
 
 def test_the_context_filter_matches_dockers_rules():
-    rules = [(True, _pattern("*"), "*"), (False, _pattern("sglang_echo"), "sglang_echo"),
-             (True, _pattern("**/__pycache__"), "**/__pycache__")]
+    rules = [
+        (True, _pattern("*"), "*"),
+        (False, _pattern("sglang_echo"), "sglang_echo"),
+        (True, _pattern("**/__pycache__"), "**/__pycache__"),
+    ]
     assert excluded(".venv/lib/x.py", rules) and excluded("README.md", rules)
     assert not excluded("sglang_echo/core/tree.py", rules)
     assert excluded("sglang_echo/core/__pycache__/tree.pyc", rules)

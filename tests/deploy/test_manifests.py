@@ -37,8 +37,9 @@ def test_services_select_their_deployments():
     deployments = {d["metadata"]["name"]: d for d in by_kind("Deployment")}
     for svc in by_kind("Service"):
         sel = svc["spec"]["selector"]
-        matching = [d for d in deployments.values()
-                    if sel.items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+        matching = [
+            d for d in deployments.values() if sel.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
         assert matching, f"service {svc['metadata']['name']} selects no deployment"
 
 
@@ -54,7 +55,9 @@ def test_server_is_gpu_backed_and_ready_on_health():
 def test_router_discovers_the_server_pods():
     router = next(d for d in by_kind("Deployment") if d["metadata"]["name"] == "sglang-echo-router")
     args = router["spec"]["template"]["spec"]["containers"][0]["args"]
-    server_labels = next(d for d in by_kind("Deployment") if d["metadata"]["name"] == "sglang-echo")["spec"]["template"]["metadata"]["labels"]
+    server_labels = next(d for d in by_kind("Deployment") if d["metadata"]["name"] == "sglang-echo")["spec"][
+        "template"
+    ]["metadata"]["labels"]
     for key, value in server_labels.items():
         assert f"{key}={value}" in args
 
@@ -73,7 +76,9 @@ def test_every_manifest_is_in_the_kustomization():
 
 def test_the_schema_check_catches_a_typo():
     doc = by_kind("Deployment")[0]
-    doc["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = doc["spec"]["template"]["spec"]["containers"][0].pop("readinessProbe")
+    doc["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = doc["spec"]["template"]["spec"]["containers"][
+        0
+    ].pop("readinessProbe")
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -98,8 +103,11 @@ def test_router_watches_only_the_namespace_its_role_allows():
     assert not by_kind("ClusterRole") and not by_kind("ClusterRoleBinding")
     role, binding = by_kind("Role")[0], by_kind("RoleBinding")[0]
     assert {"list", "watch"} <= set(role["rules"][0]["verbs"]) and "pods" in role["rules"][0]["resources"]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": role["metadata"]["name"]}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": spec["serviceAccountName"]}]
     assert "namespace" not in binding["subjects"][0]  # the binding's own namespace, where the router runs
 
@@ -141,7 +149,8 @@ def _json_patch(doc: dict, ops: list[dict]) -> dict:
             del node[key]
         elif op["op"] == "add":
             node.append(op["value"]) if key == "-" else (
-                node.insert(key, op["value"]) if isinstance(node, list) else node.__setitem__(key, op["value"]))
+                node.insert(key, op["value"]) if isinstance(node, list) else node.__setitem__(key, op["value"])
+            )
     return doc
 
 
@@ -151,8 +160,9 @@ def ngram_documents() -> list[dict]:
     docs = [d for _, d in documents()]
     for patch in overlay["patches"]:
         target = patch["target"]
-        hits = [i for i, d in enumerate(docs)
-                if d["kind"] == target["kind"] and d["metadata"]["name"] == target["name"]]
+        hits = [
+            i for i, d in enumerate(docs) if d["kind"] == target["kind"] and d["metadata"]["name"] == target["name"]
+        ]
         assert len(hits) == 1, f"patch target {target} matches {len(hits)} documents"
         docs[hits[0]] = _json_patch(docs[hits[0]], yaml.safe_load(patch["patch"]))
     return docs
@@ -200,12 +210,19 @@ def _launch(tmp_path, env: dict, *extra: str) -> subprocess.CompletedProcess:
     import sys
 
     fake = tmp_path / "python3"
-    fake.write_text(f'#!/usr/bin/env bash\nif [[ "$1" == "-m" ]]; then printf "%s\\n" "$@"; exit 0; fi\n'
-                    f'exec {sys.executable} "$@"\n')
+    fake.write_text(
+        f'#!/usr/bin/env bash\nif [[ "$1" == "-m" ]]; then printf "%s\\n" "$@"; exit 0; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
     fake.chmod(0o755)
     keep = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_ECHO_") and k != "DRAFT_PATH"}
-    return subprocess.run(["bash", str(DEPLOY / "launch.sh"), *extra], capture_output=True, text=True, timeout=120,
-                          env={**keep, "PYTHON": str(fake), "MODEL_PATH": "/models/target", **env})
+    return subprocess.run(
+        ["bash", str(DEPLOY / "launch.sh"), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**keep, "PYTHON": str(fake), "MODEL_PATH": "/models/target", **env},
+    )
 
 
 def test_launch_script_passes_a_draft_head_only_to_drafters_with_one(tmp_path):

@@ -15,8 +15,12 @@ import promql_parser
 import pytest
 import yaml
 
-from sglang_echo.integration.metric_catalog import (ECHO_LABELS, IDENTITY_LABELS, OPTIONAL_IDENTITY_LABELS,
-                                                    exported_names)
+from sglang_echo.integration.metric_catalog import (
+    ECHO_LABELS,
+    IDENTITY_LABELS,
+    OPTIONAL_IDENTITY_LABELS,
+    exported_names,
+)
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 DASHBOARD = MONITORING / "dashboards" / "sglang-echo.json"
@@ -64,8 +68,9 @@ def problems(expr: str) -> list[str]:
         if name.startswith("sglang:") and name not in sglang:
             out.append(f"{name}: not a sglang 0.5.23 series")
     used = {label.strip() for group in GROUPING.findall(expr) for label in group.split(",") if label.strip()}
-    used |= {m.split("=")[0].rstrip("!~").strip()
-             for block in MATCHER.findall(expr) for m in block.split(",") if m.strip()}
+    used |= {
+        m.split("=")[0].rstrip("!~").strip() for block in MATCHER.findall(expr) for m in block.split(",") if m.strip()
+    }
     out += [f"label {label}: carried by no ECHO series" for label in sorted(used - LABELS)]
     return out
 
@@ -89,8 +94,14 @@ def test_dashboard_is_grafana_json():
             assert t["datasource"]["uid"] == "${datasource}" and t["refId"]
     # what the issue asks to watch: each on the dashboard
     exprs = " ".join(e for _, e in dashboard_exprs())
-    for name in ("echo_budget_exceeded_total", "echo_draft_faults_total", "echo_control_seconds_total",
-                 "echo_accept_length_bucket", "echo_verified_tokens_per_step_bucket", "echo_tree_depth_bucket"):
+    for name in (
+        "echo_budget_exceeded_total",
+        "echo_draft_faults_total",
+        "echo_control_seconds_total",
+        "echo_accept_length_bucket",
+        "echo_verified_tokens_per_step_bucket",
+        "echo_tree_depth_bucket",
+    ):
         assert name in exprs
 
 
@@ -150,9 +161,12 @@ def test_prometheus_and_grafana_provisioning_fit_together():
 def test_podmonitors_scrape_the_named_ports():
     """The operator's PodMonitors name the container ports the Deployments declare."""
     k8s = MONITORING.parent / "k8s"
-    deployments = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d
-                   for name in ("server.yaml", "router.yaml") for d in yaml.safe_load_all((k8s / name).read_text())
-                   if d and d["kind"] == "Deployment"}
+    deployments = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d
+        for name in ("server.yaml", "router.yaml")
+        for d in yaml.safe_load_all((k8s / name).read_text())
+        if d and d["kind"] == "Deployment"
+    }
     for pm in yaml.safe_load_all((MONITORING / "podmonitors.yaml").read_text()):
         assert pm["kind"] == "PodMonitor"
         component = pm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]

@@ -39,14 +39,17 @@ def resave(src: Path, out: Path, layout: str) -> Path:
     out.mkdir(parents=True)
     shutil.copy2(src / "config.json", out / "config.json")
     fmt, sharded = layout.removeprefix("sharded-"), layout.startswith("sharded-")
-    write = (lambda t, f: save_file(t, str(f), metadata={"format": "pt"})) if fmt == "safetensors" else \
-        (lambda t, f: torch.save(t, f))
+    write = (
+        (lambda t, f: save_file(t, str(f), metadata={"format": "pt"}))
+        if fmt == "safetensors"
+        else (lambda t, f: torch.save(t, f))
+    )
     stem, ext = ("model", "safetensors") if fmt == "safetensors" else ("pytorch_model", "bin")
     if not sharded:
         write(tensors, out / f"{stem}.{ext}")
         return out
     names = sorted(tensors)
-    parts = [names[: len(names) // 2], names[len(names) // 2:]]
+    parts = [names[: len(names) // 2], names[len(names) // 2 :]]
     weight_map = {}
     for i, part in enumerate(parts, 1):
         shard = f"{stem}-{i:05d}-of-{len(parts):05d}.{ext}"
@@ -110,8 +113,11 @@ def test_a_directory_without_config_or_weights_says_which(tmp_path, kind):
     with pytest.raises(FileNotFoundError, match=f"no config.json \\(not a {kind} head directory\\)"):
         load(tmp_path, head)
     (tmp_path / "config.json").write_text(json.dumps(head.cfg.to_hf({})))
-    with pytest.raises(FileNotFoundError, match=f"{tmp_path}: no head weights \\(looked for model.safetensors.index"
-                                                f".json, model.safetensors, model-\\*.safetensors, pytorch_model.bin"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=f"{tmp_path}: no head weights \\(looked for model.safetensors.index"
+        f".json, model.safetensors, model-\\*.safetensors, pytorch_model.bin",
+    ):
         load(tmp_path, head)
     with pytest.raises(MissingWeights, match=f"config.json: not a directory \\(a {kind} head is a folder"):
         load(tmp_path / "config.json", head)

@@ -11,9 +11,28 @@ import pytest
 from sglang_echo.bench import acceptance
 from tests.drafters.test_checkpoint import resave
 
-SMALL = ["--prompts", "chat", "--per-set", "2", "--max-new-tokens", "6", "--batch", "2", "--max-depth", "3",
-         "--topk", "2", "--total-tokens", "6", "--device", "cpu", "--policies", "chain3,static-tree",
-         "--calibration", "defaults"]
+SMALL = [
+    "--prompts",
+    "chat",
+    "--per-set",
+    "2",
+    "--max-new-tokens",
+    "6",
+    "--batch",
+    "2",
+    "--max-depth",
+    "3",
+    "--topk",
+    "2",
+    "--total-tokens",
+    "6",
+    "--device",
+    "cpu",
+    "--policies",
+    "chain3,static-tree",
+    "--calibration",
+    "defaults",
+]
 SAME = ("prompts", "policy", "requests", "steps", "mat", "verified_per_step", "yield", "generated", "mismatches")
 
 
@@ -35,8 +54,9 @@ def test_acceptance_reads_a_sharded_bin_head_as_its_safetensors(tmp_path, tiny):
     for layout in ("safetensors", "sharded-bin"):
         draft = head if layout == "safetensors" else resave(head, tmp_path / layout, layout)
         out = tmp_path / f"res-{layout}"
-        acceptance.main(["--model", str(target), "--drafter", "eagle3", "--draft", str(draft), *SMALL,
-                         "--out", str(out)])
+        acceptance.main(
+            ["--model", str(target), "--drafter", "eagle3", "--draft", str(draft), *SMALL, "--out", str(out)]
+        )
         data = json.loads(out.with_suffix(".json").read_text())
         rows[layout] = [{k: r[k] for k in SAME} for r in data["rows"]]
     assert not list((tmp_path / "sharded-bin").glob("*.safetensors"))
@@ -49,8 +69,19 @@ def test_a_folder_without_weights_stops_the_cli_with_the_loader_error(tmp_path, 
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text((head / "config.json").read_text())
     with pytest.raises(SystemExit) as e:  # one line, before the target loads; nothing written
-        acceptance.main(["--model", str(target), "--drafter", "eagle3", "--draft", str(tmp_path / "empty"), *SMALL,
-                         "--out", str(tmp_path / "res")])
+        acceptance.main(
+            [
+                "--model",
+                str(target),
+                "--drafter",
+                "eagle3",
+                "--draft",
+                str(tmp_path / "empty"),
+                *SMALL,
+                "--out",
+                str(tmp_path / "res"),
+            ]
+        )
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert "no head weights (looked for model.safetensors" in err and not list(tmp_path.glob("res*"))

@@ -36,8 +36,18 @@ DT = torch.float64
 
 
 def make_head(seed: int = 0, depth: int = D, shared: bool = False, dtype=DT) -> DartHead:
-    cfg = DartConfig(hidden_size=H, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
-                     vocab_size=V, draft_vocab_size=VD, aux_layer_ids=(1, 2, 3), depth=depth, shared_mask=shared)
+    cfg = DartConfig(
+        hidden_size=H,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        vocab_size=V,
+        draft_vocab_size=VD,
+        aux_layer_ids=(1, 2, 3),
+        depth=depth,
+        shared_mask=shared,
+    )
     g = torch.Generator().manual_seed(seed)
     head = DartHead(cfg, torch.randn(V, H, generator=g))
     with torch.no_grad():
@@ -98,14 +108,22 @@ def caught_up(head, hist: History, cuts=None, **kw) -> DartDrafter:
         drafter.catch_up([t[1:] for t in hist.toks], [f[:-1] for f in hist.feats])
     else:  # ragged chunks: cuts[b] = boundaries inside toks[1:]
         for i in range(len(cuts[0]) - 1):
-            drafter.catch_up([t[1:][c[i] : c[i + 1]] for t, c in zip(hist.toks, cuts)],
-                             [f[:-1][c[i] : c[i + 1]] for f, c in zip(hist.feats, cuts)])
+            drafter.catch_up(
+                [t[1:][c[i] : c[i + 1]] for t, c in zip(hist.toks, cuts)],
+                [f[:-1][c[i] : c[i + 1]] for f, c in zip(hist.feats, cuts)],
+            )
     return drafter
 
 
 def root_frontier(B: int, roots: torch.Tensor) -> Frontier:
-    return Frontier(0, torch.zeros(B, 1, dtype=torch.int64), torch.full((B, 1), -1), roots[:, None],
-                    torch.zeros(B, 1), torch.ones(B, dtype=torch.bool))
+    return Frontier(
+        0,
+        torch.zeros(B, 1, dtype=torch.int64),
+        torch.full((B, 1), -1),
+        roots[:, None],
+        torch.zeros(B, 1),
+        torch.ones(B, dtype=torch.bool),
+    )
 
 
 # -- 1. the head: d shifted logits ---------------------------------------------------------------
@@ -146,8 +164,10 @@ def test_catch_up_rejects_bad_input_and_empty_requests_draft_nothing():
         drafter.catch_up([torch.tensor([1, 2])], [torch.zeros(2, 3 * H)])
     with pytest.raises(ValueError):
         drafter.catch_up([torch.tensor([1, 2]), torch.tensor([3])], None)
-    drafter.catch_up([torch.tensor([1, 2]), torch.tensor([], dtype=torch.int64)],
-                     [torch.zeros(2, 3 * H, dtype=DT), torch.zeros(0, 3 * H, dtype=DT)])
+    drafter.catch_up(
+        [torch.tensor([1, 2]), torch.tensor([], dtype=torch.int64)],
+        [torch.zeros(2, 3 * H, dtype=DT), torch.zeros(0, 3 * H, dtype=DT)],
+    )
     c = drafter.propose(root_frontier(2, torch.tensor([2, 0])), 3)
     assert c.valid.tolist() == [[True] * 3, [False] * 3]
     with pytest.raises(RuntimeError, match="depth"):
@@ -156,7 +176,12 @@ def test_catch_up_rejects_bad_input_and_empty_requests_draft_nothing():
 
 # -- 2. checkpoints --------------------------------------------------------------------------------
 SPECFORGE_KEYS = {
-    "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.mask_rep",
+    "fc.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+    "midlayer.mask_rep",
     *(f"midlayer.{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")),
     *(f"midlayer.self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
     *(f"midlayer.mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")),
@@ -210,7 +235,9 @@ def test_trie_counts_and_dart_probabilities(tmp_path):
     trie = NGramTrie.build([TOY, torch.tensor([5])], vocab_size=V, order=3)
     assert trie.keys[0].numel() == 4 and int(trie.count(1, torch.tensor(2))) == 5
     # bigrams 12 23 32 22 21 13 32 23 31 12; trigrams 123 232 322 221 213 132 323 231 312
-    assert int(trie.count(2, torch.tensor(1 * V + 2))) == 2 and int(trie.count(3, torch.tensor((2 * V + 3) * V + 1))) == 1
+    assert (
+        int(trie.count(2, torch.tensor(1 * V + 2))) == 2 and int(trie.count(3, torch.tensor((2 * V + 3) * V + 1))) == 1
+    )
     trie.save(tmp_path / "toy.safetensors")
     loaded = NGramTrie.load(tmp_path / "toy.safetensors", vocab_size=V)
     assert loaded.order == 3 and loaded.meta["tokens"] == "12"
@@ -258,8 +285,8 @@ def test_bad_trie_files_are_clear_errors(tmp_path):
 
 
 def test_build_ngram_cli(tmp_path, capsys):
-    from sglang_echo.training.shards import write_shard
     from sglang_echo.training.ngram_cli import main as build_ngram_main
+    from sglang_echo.training.shards import write_shard
 
     tok_dir = tmp_path / "tok"
     tok_dir.mkdir()
@@ -306,9 +333,11 @@ def test_combine_against_hand_computed_numbers():
     ng = torch.tensor([0.0, 0.5, 1.0])
     e, logq = combine(log_pt, ng, level=2, cfg=cfg)
     # level 2: w_logit = 0.9^2 = 0.81, w_ng = 0.5, w_level = 3^-0.7
-    hand = [0.81 * math.log(5 / 9 + 1e-10) + 0.5 * math.log(1e-10),
-            0.81 * math.log(3 / 9 + 1e-10) + 0.5 * math.log(0.5 + 1e-10),
-            0.81 * math.log(1 / 9 + 1e-10) + 0.5 * math.log(1.0 + 1e-10)]
+    hand = [
+        0.81 * math.log(5 / 9 + 1e-10) + 0.5 * math.log(1e-10),
+        0.81 * math.log(3 / 9 + 1e-10) + 0.5 * math.log(0.5 + 1e-10),
+        0.81 * math.log(1 / 9 + 1e-10) + 0.5 * math.log(1.0 + 1e-10),
+    ]
     assert e.tolist() == pytest.approx(hand, rel=1e-6)
     assert (cfg.w_level(2) * e).tolist() == pytest.approx([3**-0.7 * h for h in hand], rel=1e-6)
     z = sum(math.exp(h) for h in hand)
@@ -329,8 +358,9 @@ def test_propose_ranks_children_by_combine_with_normalised_probabilities():
     B = 2
     c1 = drafter.propose(root_frontier(B, torch.stack([t[-1] for t in hist.toks])), 3)
     src = torch.tensor([[2, 0]] * B)
-    c2 = drafter.propose(Frontier(1, src + 1, src, c1.tokens.gather(1, src), torch.zeros(B, 2),
-                                  torch.ones(B, dtype=torch.bool)), 4)
+    c2 = drafter.propose(
+        Frontier(1, src + 1, src, c1.tokens.gather(1, src), torch.zeros(B, 2), torch.ones(B, dtype=torch.bool)), 4
+    )
     for b in range(B):
         marg = naive_shifted_logits(head, hist.feats[b], hist.toks[b])
         # Level 0: the root's children are the marginal's top-3 with its log-probabilities.
@@ -464,9 +494,32 @@ def test_acceptance_bench_runs_dart(tmp_path, tiny_target, capsys):
     drafter = _tiny_drafter(target, [[1, 2, 3]], [torch.tensor([4, 5])])
     drafter.head.save(tmp_path / "head", dtype=torch.float32)
     drafter.trie.save(tmp_path / "head" / "ngram-trie.safetensors")  # found next to the head by default
-    small = ["--model", str(tiny_target), "--drafter", "dart", "--draft", str(tmp_path / "head"),
-             "--prompts", "chat", "--per-set", "2", "--max-new-tokens", "6", "--batch", "2", "--max-depth", "4",
-             "--topk", "3", "--total-tokens", "8", "--device", "cpu", "--policies", "chain3,echo,dart-tree"]
+    small = [
+        "--model",
+        str(tiny_target),
+        "--drafter",
+        "dart",
+        "--draft",
+        str(tmp_path / "head"),
+        "--prompts",
+        "chat",
+        "--per-set",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--batch",
+        "2",
+        "--max-depth",
+        "4",
+        "--topk",
+        "3",
+        "--total-tokens",
+        "8",
+        "--device",
+        "cpu",
+        "--policies",
+        "chain3,echo,dart-tree",
+    ]
     for extra, trie in (([], "yes"), (["--no-ngram"], None)):
         acceptance.main([*small, *extra, "--out", str(tmp_path / "res")])
         data = json.loads((tmp_path / "res.json").read_text())

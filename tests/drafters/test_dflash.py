@@ -17,17 +17,27 @@ from safetensors.torch import load_file
 from sglang_echo.core.baselines import Chain, StaticTree
 from sglang_echo.core.policy import Frontier, build_trees
 from sglang_echo.drafters.dflash import DFlashDrafter
-from sglang_echo.drafters.dflash_head import (DFlashConfig, DFlashHead, default_target_layer_ids,
-                                              grouped_block_attention)
+from sglang_echo.drafters.dflash_head import DFlashConfig, DFlashHead, default_target_layer_ids, grouped_block_attention
 
 V, H, BS = 97, 32, 5
 DT = torch.float64
 
 
 def make_cfg(**kw) -> DFlashConfig:
-    base = dict(hidden_size=H, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
-                vocab_size=V, num_hidden_layers=2, target_layer_ids=(0, 1, 2), num_target_layers=4, block_size=BS,
-                mask_token_id=3, mask_token="<m>")
+    base = dict(
+        hidden_size=H,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        vocab_size=V,
+        num_hidden_layers=2,
+        target_layer_ids=(0, 1, 2),
+        num_target_layers=4,
+        block_size=BS,
+        mask_token_id=3,
+        mask_token="<m>",
+    )
     return DFlashConfig(**{**base, **kw})
 
 
@@ -61,23 +71,43 @@ def reference(head: DFlashHead, hist: History, b: int) -> torch.Tensor:
 
 def roots_frontier(roots: torch.Tensor, active=None) -> Frontier:
     B = roots.numel()
-    return Frontier(0, torch.zeros(B, 1, dtype=torch.int64), torch.full((B, 1), -1), roots[:, None], torch.zeros(B, 1),
-                    torch.ones(B, dtype=torch.bool) if active is None else active)
+    return Frontier(
+        0,
+        torch.zeros(B, 1, dtype=torch.int64),
+        torch.full((B, 1), -1),
+        roots[:, None],
+        torch.zeros(B, 1),
+        torch.ones(B, dtype=torch.bool) if active is None else active,
+    )
 
 
 # -- 1. checkpoints ------------------------------------------------------------------------------------
 # What sglang's DFlashDraftModel.load_weights maps every checkpoint key to (q/k/v -> qkv_proj and
 # gate/up -> gate_up_proj shards) and the parameters that model has for a plain DFlash draft.
 def sglang_params(n_layers: int) -> set[str]:
-    per = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.qkv_proj.weight",
-           "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-           "mlp.gate_up_proj.weight", "mlp.down_proj.weight")
-    return {"fc.weight", "hidden_norm.weight", "norm.weight"} | {f"layers.{i}.{p}" for i in range(n_layers) for p in per}
+    per = (
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+        "self_attn.qkv_proj.weight",
+        "self_attn.o_proj.weight",
+        "self_attn.q_norm.weight",
+        "self_attn.k_norm.weight",
+        "mlp.gate_up_proj.weight",
+        "mlp.down_proj.weight",
+    )
+    return {"fc.weight", "hidden_norm.weight", "norm.weight"} | {
+        f"layers.{i}.{p}" for i in range(n_layers) for p in per
+    }
 
 
 def sglang_param_of(name: str) -> str:
-    for shard, stacked in (("q_proj", "qkv_proj"), ("k_proj", "qkv_proj"), ("v_proj", "qkv_proj"),
-                           ("gate_proj", "gate_up_proj"), ("up_proj", "gate_up_proj")):
+    for shard, stacked in (
+        ("q_proj", "qkv_proj"),
+        ("k_proj", "qkv_proj"),
+        ("v_proj", "qkv_proj"),
+        ("gate_proj", "gate_up_proj"),
+        ("up_proj", "gate_up_proj"),
+    ):
         if f".{shard}." in name:
             return name.replace(shard, stacked)
     return name
@@ -92,7 +122,12 @@ def test_checkpoint_round_trip_in_the_zlab_layout(tmp_path):
     assert not any(k.startswith(("embed", "lm_head")) for k in saved)  # the target's, never stored
     cfg = json.loads((tmp_path / "h" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
-    assert cfg["dflash_config"] == {"block_size": BS, "target_layer_ids": [0, 1, 2], "mask_token_id": 3, "mask_token": "<m>"}
+    assert cfg["dflash_config"] == {
+        "block_size": BS,
+        "target_layer_ids": [0, 1, 2],
+        "mask_token_id": 3,
+        "mask_token": "<m>",
+    }
     assert cfg["block_size"] == BS and cfg["num_target_layers"] == 4 and cfg["num_hidden_layers"] == 2
     assert cfg["layer_types"] == ["full_attention"] * 2 and cfg["is_causal"] is False
 
@@ -117,11 +152,28 @@ def test_checkpoint_round_trip_in_the_zlab_layout(tmp_path):
 
 def test_config_reads_zlab_and_sglang_variants():
     # z-lab's first releases: block_size at the top level, no mask_token string, ids in dflash_config.
-    zlab = {"architectures": ["DFlashDraftModel"], "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "head_dim": 16, "intermediate_size": 96, "vocab_size": 200, "num_hidden_layers": 3, "block_size": 16,
-            "num_target_layers": 36, "rope_theta": 1e6, "dflash_config": {"mask_token_id": 151, "target_layer_ids": [1, 17, 33]}}
+    zlab = {
+        "architectures": ["DFlashDraftModel"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 96,
+        "vocab_size": 200,
+        "num_hidden_layers": 3,
+        "block_size": 16,
+        "num_target_layers": 36,
+        "rope_theta": 1e6,
+        "dflash_config": {"mask_token_id": 151, "target_layer_ids": [1, 17, 33]},
+    }
     c = DFlashConfig.from_hf(zlab)
-    assert (c.block_size, c.mask_token_id, c.target_layer_ids, c.num_target_layers, c.rope_theta) == (16, 151, (1, 17, 33), 36, 1e6)
+    assert (c.block_size, c.mask_token_id, c.target_layer_ids, c.num_target_layers, c.rope_theta) == (
+        16,
+        151,
+        (1, 17, 33),
+        36,
+        1e6,
+    )
     assert c.captured_layers == (2, 18, 34)
     # No ids: DFlash's default spacing over 1 .. L-3 (sglang's build_target_layer_ids).
     assert DFlashConfig.from_hf({**zlab, "dflash_config": {"mask_token_id": 1}}).target_layer_ids == (1, 17, 33)
@@ -150,8 +202,9 @@ def test_grouped_block_attention_equals_the_dense_block_diagonal_mask():
     ctx_mask[0, :, :bs] = False  # a block that sees no context at all still has its own keys
     blk = torch.arange(S) // bs
     dense = torch.cat([ctx_mask, (blk[:, None] == blk[None, :]).expand(B, 1, S, S)], -1)
-    want = torch.nn.functional.scaled_dot_product_attention(q, torch.cat([kc, k], 2), torch.cat([vc, v], 2),
-                                                            attn_mask=dense, enable_gqa=True)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, torch.cat([kc, k], 2), torch.cat([vc, v], 2), attn_mask=dense, enable_gqa=True
+    )
     torch.testing.assert_close(grouped_block_attention(q, kc, vc, k, v, ctx_mask, bs), want, atol=1e-12, rtol=0)
 
 
@@ -163,8 +216,10 @@ def test_incremental_catch_up_equals_from_scratch_block():
     d.start([t[:1] for t in hist.toks])  # tiny initial cache: forces reallocations
     cuts = [[0, 1, 5, 5, 12], [0, 0, 6, 7, 7], [0, 2, 3, 8, 9], [0, 1, 1, 1, 1]]  # ragged, some empty
     for i in range(4):
-        d.catch_up([t[1:][c[i]: c[i + 1]] for t, c in zip(hist.toks, cuts)],
-                   [f[c[i]: c[i + 1]] for f, c in zip(hist.feats, cuts)])
+        d.catch_up(
+            [t[1:][c[i] : c[i + 1]] for t, c in zip(hist.toks, cuts)],
+            [f[c[i] : c[i + 1]] for f, c in zip(hist.feats, cuts)],
+        )
         # A step drafted between catch-ups leaves no trace (nothing drafted is cached).
         build_trees(StaticTree(2, 2, 6), d, torch.stack([t[c[i + 1]] for t, c in zip(hist.toks, cuts)]))
     assert d.lengths.tolist() == [12, 7, 9, 1]
@@ -198,7 +253,9 @@ def test_propose_reads_the_marginal_of_depth_plus_one():
     # Depth 1: two frontier nodes and an empty slot; request 1 inactive. Every parent gets marginal 2's top-2.
     src = torch.tensor([[2, 0, -1]] * B)
     active = torch.tensor([True, False, True])
-    f1 = Frontier(1, torch.where(src >= 0, src + 1, -1), src, c1.tokens.gather(1, src.clamp(min=0)), torch.zeros(B, 3), active)
+    f1 = Frontier(
+        1, torch.where(src >= 0, src + 1, -1), src, c1.tokens.gather(1, src.clamp(min=0)), torch.zeros(B, 3), active
+    )
     c2 = d.propose(f1, 2)
     assert c2.tokens.shape == (B, 6) and c2.parent[0].tolist() == [0, 0, 1, 1, 2, 2]
     assert c2.valid.tolist() == [[True] * 4 + [False] * 2, [False] * 6, [True] * 4 + [False] * 2]
@@ -228,7 +285,9 @@ def test_catch_up_rejects_bad_input_and_uncommitted_requests_draft_nothing():
         d.catch_up([torch.tensor([1, 2]), torch.tensor([3])], None)
     with pytest.raises(ValueError):
         d.catch_up([torch.tensor([1, 2]), torch.tensor([3])], [torch.zeros(2, 3 * H), torch.zeros(2, 3 * H)])
-    d.catch_up([torch.tensor([1, 2]), torch.tensor([], dtype=torch.int64)], [torch.zeros(2, 3 * H), torch.zeros(0, 3 * H)])
+    d.catch_up(
+        [torch.tensor([1, 2]), torch.tensor([], dtype=torch.int64)], [torch.zeros(2, 3 * H), torch.zeros(0, 3 * H)]
+    )
     c = d.propose(roots_frontier(torch.tensor([2, 0])), 2)
     assert c.valid.tolist() == [[True, True], [False, False]] and torch.isfinite(c.logprob).all()
 
@@ -280,10 +339,36 @@ def test_acceptance_bench_runs_dflash(tmp_path, tiny_target, capsys):
 
     target = HFTarget.from_pretrained(tiny_target, captured_layers=(1, 2, 3))
     _tiny_head(target).save(tmp_path / "head", dtype=torch.float32)
-    acceptance.main(["--model", str(tiny_target), "--drafter", "dflash", "--draft", str(tmp_path / "head"),
-                     "--prompts", "chat", "--per-set", "2", "--max-new-tokens", "6", "--batch", "2", "--max-depth", "4",
-                     "--topk", "3", "--total-tokens", "8", "--device", "cpu", "--policies", "chain3,echo",
-                     "--out", str(tmp_path / "res")])
+    acceptance.main(
+        [
+            "--model",
+            str(tiny_target),
+            "--drafter",
+            "dflash",
+            "--draft",
+            str(tmp_path / "head"),
+            "--prompts",
+            "chat",
+            "--per-set",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--batch",
+            "2",
+            "--max-depth",
+            "4",
+            "--topk",
+            "3",
+            "--total-tokens",
+            "8",
+            "--device",
+            "cpu",
+            "--policies",
+            "chain3,echo",
+            "--out",
+            str(tmp_path / "res"),
+        ]
+    )
     data = json.loads((tmp_path / "res.json").read_text())
     assert all(r["mismatches"] == 0 for r in data["rows"]) and data["captured_layers"] == [1, 2, 3]
     assert "block_size=4" in data["drafter_config"]

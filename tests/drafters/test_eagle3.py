@@ -29,8 +29,16 @@ DT = torch.float64
 
 
 def make_head(seed: int = 0, dtype: torch.dtype = DT) -> Eagle3Head:
-    cfg = Eagle3Config(hidden_size=H, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                       intermediate_size=48, vocab_size=V, draft_vocab_size=VD, aux_layer_ids=(1, 2, 3))
+    cfg = Eagle3Config(
+        hidden_size=H,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        vocab_size=V,
+        draft_vocab_size=VD,
+        aux_layer_ids=(1, 2, 3),
+    )
     g = torch.Generator().manual_seed(seed)
     head = Eagle3Head(cfg, torch.randn(V, H, generator=g))
     with torch.no_grad():
@@ -168,15 +176,25 @@ def test_frontier_plumbing_sources_empty_slots_and_inactive_requests():
     drafter.start(hist.toks)
     drafter.catch_up(hist.toks, hist.feats)
     B = 3
-    c1 = drafter.propose(Frontier(0, torch.zeros(B, 1, dtype=torch.int64), torch.full((B, 1), -1),
-                                  roots(hist)[:, None], torch.zeros(B, 1), torch.ones(B, dtype=torch.bool)), 3)
+    c1 = drafter.propose(
+        Frontier(
+            0,
+            torch.zeros(B, 1, dtype=torch.int64),
+            torch.full((B, 1), -1),
+            roots(hist)[:, None],
+            torch.zeros(B, 1),
+            torch.ones(B, dtype=torch.bool),
+        ),
+        3,
+    )
     assert c1.tokens.shape == (B, 3) and c1.valid.all() and (c1.parent == 0).all()
     # Depth 1: columns (2, 0) then an empty slot; request 1 inactive.
     src = torch.tensor([[2, 0, -1]] * B)
     slots = torch.where(src >= 0, src + 1, -1)
     active = torch.tensor([True, False, True])
-    c2 = drafter.propose(Frontier(1, slots, src, c1.tokens.gather(1, src.clamp(min=0)) * (src >= 0),
-                                  torch.zeros(B, 3), active), 2)
+    c2 = drafter.propose(
+        Frontier(1, slots, src, c1.tokens.gather(1, src.clamp(min=0)) * (src >= 0), torch.zeros(B, 3), active), 2
+    )
     assert c2.tokens.shape == (B, 6)
     assert c2.parent[0].tolist() == [0, 0, 1, 1, 2, 2]
     assert c2.valid.tolist() == [[True] * 4 + [False] * 2, [False] * 6, [True] * 4 + [False] * 2]
@@ -188,8 +206,12 @@ def test_frontier_plumbing_sources_empty_slots_and_inactive_requests():
             parent_col = int(src[b, int(c2.parent[b, col])])
             path = [int(c1.tokens[b, parent_col]), int(c2.tokens[b, col])]
             ref = reference_logps(head, hist.feats[b], hist.toks[b], path)
-            assert float(c1.logprob[b, parent_col]) == pytest.approx(float(ref[0][draft_id(head, torch.tensor(path[0]))]), abs=1e-9)
-            assert float(c2.logprob[b, col]) == pytest.approx(float(ref[1][draft_id(head, torch.tensor(path[1]))]), abs=1e-9)
+            assert float(c1.logprob[b, parent_col]) == pytest.approx(
+                float(ref[0][draft_id(head, torch.tensor(path[0]))]), abs=1e-9
+            )
+            assert float(c2.logprob[b, col]) == pytest.approx(
+                float(ref[1][draft_id(head, torch.tensor(path[1]))]), abs=1e-9
+            )
             top, ids = ref[2].topk(2)
             assert c3.tokens[b, 2 * f : 2 * f + 2].tolist() == head.to_target(ids).tolist()
             torch.testing.assert_close(c3.logprob[b, 2 * f : 2 * f + 2].double(), top, atol=1e-9, rtol=0)
@@ -209,7 +231,9 @@ def _run(head, hist: History, rows: list[int], rounds: list[list[int]]):
     at = n0
     for r in rounds:
         # A step is drafted (and its state dropped) before every catch-up, as in serving.
-        build_trees(StaticTree(depth=2, topk=2, total_tokens=6), drafter, torch.stack([t[n - 1] for t, n in zip(toks, at)]))
+        build_trees(
+            StaticTree(depth=2, topk=2, total_tokens=6), drafter, torch.stack([t[n - 1] for t, n in zip(toks, at)])
+        )
         nxt = [n + r[b] for n, b in zip(at, rows)]
         drafter.catch_up([t[a:n] for t, a, n in zip(toks, at, nxt)], [f[a:n] for f, a, n in zip(feats, at, nxt)])
         at = nxt
@@ -243,8 +267,10 @@ def test_catch_up_in_chunks_equals_one_chunk():
     many.start([t[:1] for t in hist.toks])  # small initial cache: forces reallocations
     cuts = [[0, 1, 5, 5, 12], [0, 0, 6, 7, 7], [0, 2, 3, 8, 9]]
     for i in range(4):
-        many.catch_up([t[c[i] : c[i + 1]] for t, c in zip(hist.toks, cuts)],
-                      [f[c[i] : c[i + 1]] for f, c in zip(hist.feats, cuts)])
+        many.catch_up(
+            [t[c[i] : c[i + 1]] for t, c in zip(hist.toks, cuts)],
+            [f[c[i] : c[i + 1]] for f, c in zip(hist.feats, cuts)],
+        )
     assert many.lengths.tolist() == one.lengths.tolist() == [12, 7, 9]
     torch.testing.assert_close(many.last_logits, one.last_logits, atol=1e-10, rtol=0)
     torch.testing.assert_close(many.last_hidden, one.last_hidden, atol=1e-10, rtol=0)
@@ -266,11 +292,21 @@ def test_catch_up_rejects_bad_input():
         drafter.catch_up([torch.tensor([1, 2]), torch.tensor([3])], None)
     with pytest.raises(ValueError):
         drafter.catch_up([torch.tensor([1, 2]), torch.tensor([3])], [torch.zeros(2, 3 * H), torch.zeros(2, 3 * H)])
-    drafter.catch_up([torch.tensor([1, 2]), torch.tensor([], dtype=torch.int64)],
-                     [torch.zeros(2, 3 * H), torch.zeros(0, 3 * H)])
+    drafter.catch_up(
+        [torch.tensor([1, 2]), torch.tensor([], dtype=torch.int64)], [torch.zeros(2, 3 * H), torch.zeros(0, 3 * H)]
+    )
     # A request that never committed anything drafts nothing.
-    c = drafter.propose(Frontier(0, torch.zeros(2, 1, dtype=torch.int64), torch.full((2, 1), -1),
-                                 torch.zeros(2, 1, dtype=torch.int64), torch.zeros(2, 1), torch.ones(2, dtype=torch.bool)), 2)
+    c = drafter.propose(
+        Frontier(
+            0,
+            torch.zeros(2, 1, dtype=torch.int64),
+            torch.full((2, 1), -1),
+            torch.zeros(2, 1, dtype=torch.int64),
+            torch.zeros(2, 1),
+            torch.ones(2, dtype=torch.bool),
+        ),
+        2,
+    )
     assert c.valid.tolist() == [[True, True], [False, False]]
 
 
@@ -279,10 +315,16 @@ def test_catch_up_rejects_bad_input():
 # "layers.0", q/k/v -> qkv_proj and gate/up -> gate_up_proj shards, "model." prefix), and the
 # parameters that model has with tie_word_embeddings=False and no fc_norm/input_norm.
 SGLANG_PARAMS = {
-    "model.fc.weight", "model.layers.0.self_attn.qkv_proj.weight", "model.layers.0.self_attn.o_proj.weight",
-    "model.layers.0.mlp.gate_up_proj.weight", "model.layers.0.mlp.down_proj.weight",
-    "model.layers.0.input_layernorm.weight", "model.layers.0.hidden_norm.weight",
-    "model.layers.0.post_attention_layernorm.weight", "model.norm.weight", "lm_head.weight",
+    "model.fc.weight",
+    "model.layers.0.self_attn.qkv_proj.weight",
+    "model.layers.0.self_attn.o_proj.weight",
+    "model.layers.0.mlp.gate_up_proj.weight",
+    "model.layers.0.mlp.down_proj.weight",
+    "model.layers.0.input_layernorm.weight",
+    "model.layers.0.hidden_norm.weight",
+    "model.layers.0.post_attention_layernorm.weight",
+    "model.norm.weight",
+    "lm_head.weight",
 }
 
 
@@ -290,8 +332,13 @@ def sglang_param_of(name: str) -> str | None:
     name = name.replace("midlayer", "layers.0")
     if "d2t" in name or "t2d" in name:
         return None  # d2t becomes hot_token_id; t2d is skipped
-    for shard, stacked in ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
-                           (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj")):
+    for shard, stacked in (
+        (".q_proj", ".qkv_proj"),
+        (".k_proj", ".qkv_proj"),
+        (".v_proj", ".qkv_proj"),
+        (".gate_proj", ".gate_up_proj"),
+        (".up_proj", ".gate_up_proj"),
+    ):
         if shard in name:
             name = name.replace(shard, stacked)
             break
@@ -309,9 +356,20 @@ def _outputs(head: Eagle3Head, hist: History):
 def test_checkpoint_round_trip_in_the_sglang_layout(tmp_path):
     target = tmp_path / "target"
     target.mkdir()
-    tcfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": H,
-            "intermediate_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "head_dim": 8, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
+    tcfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": V,
+        "hidden_size": H,
+        "intermediate_size": 48,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+    }
     (target / "config.json").write_text(json.dumps(tcfg))
     tiny = write_tiny_eagle3_draft(tmp_path / "tiny", target, draft_vocab_size=VD, aux_layer_ids=[0, 1, 2]).path
     written = load_file(str(tiny / "model.safetensors"))
@@ -327,16 +385,27 @@ def test_checkpoint_round_trip_in_the_sglang_layout(tmp_path):
 
     head.save(tmp_path / "rt", dtype=torch.float32)
     saved = load_file(str(tmp_path / "rt" / "model.safetensors"))
-    assert {k: (tuple(t.shape), t.dtype) for k, t in saved.items()} == \
-           {k: (tuple(t.shape), t.dtype) for k, t in written.items()}
+    assert {k: (tuple(t.shape), t.dtype) for k, t in saved.items()} == {
+        k: (tuple(t.shape), t.dtype) for k, t in written.items()
+    }
     for k in written:
         assert torch.equal(saved[k], written[k]), k
     assert {sglang_param_of(k) for k in saved} - {None} == SGLANG_PARAMS
     cfg = json.loads((tmp_path / "rt" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["tie_word_embeddings"] is False
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
-    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-                "vocab_size", "draft_vocab_size", "num_hidden_layers", "rms_norm_eps", "rope_theta"):
+    for key in (
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "vocab_size",
+        "draft_vocab_size",
+        "num_hidden_layers",
+        "rms_norm_eps",
+        "rope_theta",
+    ):
         assert cfg[key] == json.loads((tiny / "config.json").read_text())[key], key
 
     again = Eagle3Head.load(tmp_path / "rt", embed)
@@ -349,7 +418,9 @@ def test_checkpoint_round_trip_in_the_sglang_layout(tmp_path):
     head.save(tmp_path / "bf16")
     bf = load_file(str(tmp_path / "bf16" / "model.safetensors"))
     assert {k: tuple(t.shape) for k, t in bf.items()} == {k: tuple(t.shape) for k, t in written.items()}
-    assert all(t.dtype == (written[k].dtype if not written[k].is_floating_point() else torch.bfloat16) for k, t in bf.items())
+    assert all(
+        t.dtype == (written[k].dtype if not written[k].is_floating_point() else torch.bfloat16) for k, t in bf.items()
+    )
 
 
 def test_trained_head_round_trip(tmp_path):

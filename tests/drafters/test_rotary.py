@@ -20,8 +20,13 @@ from sglang_echo.models.drafts import SHIPPED
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA31_HEAD = json.loads((ROOT / "benchmarks/configs/eagle3-llama-3.1-8b.json").read_text())
-LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": 8192}
+LLAMA31_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 CONFIGS = {"eagle3": Eagle3Config, "dart": DartConfig, "dflash": DFlashConfig}
 
 
@@ -31,7 +36,7 @@ def old_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Te
     inv = 1.0 / theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
     ang = positions.float()[..., None] * inv
     cos, sin = ang.cos(), ang.sin()
-    x1, x2 = x[..., : D // 2].float(), x[..., D // 2:].float()
+    x1, x2 = x[..., : D // 2].float(), x[..., D // 2 :].float()
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)
 
 
@@ -86,16 +91,38 @@ def test_transformers5_rope_parameters_give_the_same_head():
     assert Eagle3Config.from_hf(plain).rope_scaling is None
 
 
-@pytest.mark.parametrize("scaling", [{"rope_type": "linear", "factor": 4.0},
-                                     {"type": "dynamic", "factor": 2.0},
-                                     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"rope_type": "linear", "factor": 4.0},
+        {"type": "dynamic", "factor": 2.0},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512},
+    ],
+)
 def test_linear_dynamic_and_yarn_follow_transformers(scaling):
-    base = {"hidden_size": 64, "num_attention_heads": 4, "head_dim": 16, "max_position_embeddings": 2048,
-            "rope_theta": 10000.0, "rope_scaling": scaling}
+    base = {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "head_dim": 16,
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
+        "rope_scaling": scaling,
+    }
     theta, read = read_rope(base, 16, 2048)
-    cfg = DFlashConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, head_dim=16, intermediate_size=8,
-                       vocab_size=32, num_hidden_layers=1, target_layer_ids=(1,), num_target_layers=4,
-                       rope_theta=theta, rope_scaling=read, max_position_embeddings=2048)
+    cfg = DFlashConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=16,
+        intermediate_size=8,
+        vocab_size=32,
+        num_hidden_layers=1,
+        target_layer_ids=(1,),
+        num_target_layers=4,
+        rope_theta=theta,
+        rope_scaling=read,
+        max_position_embeddings=2048,
+    )
     for positions in ([0, 5, 100, 2000], [3, 4000, 6000, 9000]):  # dynamic rescales past 2048 positions
         x, pos = sample(16, positions, seed=len(positions))
         want = hf_rope(x, pos, base)  # dynamic: the batch's largest position, as transformers takes it
@@ -109,8 +136,9 @@ def test_scaled_heads_write_what_they_read():
     d = DartConfig.from_hf({**e.to_hf(), "architectures": ["LlamaForCausalLMDart"], "draft_length": 3})
     assert d.rope_scaling == LLAMA31_SCALING and DartConfig.from_hf(d.to_hf()) == d
     assert "rope_scaling" not in Eagle3Config.from_hf(LLAMA31_HEAD).to_hf()  # plain: SpecForge's keys only
-    f = DFlashConfig.for_target({**LLAMA31_HEAD, "num_hidden_layers": 32, "rope_parameters": {
-        "rope_theta": 500000.0, **LLAMA31_SCALING}})
+    f = DFlashConfig.for_target(
+        {**LLAMA31_HEAD, "num_hidden_layers": 32, "rope_parameters": {"rope_theta": 500000.0, **LLAMA31_SCALING}}
+    )
     assert f.rope_scaling == LLAMA31_SCALING
     assert f.to_hf()["rope_parameters"] == {"rope_theta": 500000.0, **LLAMA31_SCALING}
     assert DFlashConfig.from_hf(f.to_hf()) == f
@@ -122,16 +150,25 @@ def test_a_target_with_scaled_rope_gives_a_scaled_head():
     assert Eagle3Config.for_target(target, draft_vocab_size=32000).rope_scaling == LLAMA31_SCALING
 
 
-@pytest.mark.parametrize("rope, match", [
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
-     "rope settings .* transformers rejects them .*low_freq_factor"),
-    ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8}},
-     "rope_type 'longrope': the draft heads run default, linear, dynamic, llama3, yarn"),
-    ({"rope_theta": "fast"}, "rope_theta 'fast': not a number"),
-    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}},
-     "rope_parameters per layer type \\(full_attention\\): the draft heads run one RoPE"),
-    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
-])
+@pytest.mark.parametrize(
+    "rope, match",
+    [
+        (
+            {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+            "rope settings .* transformers rejects them .*low_freq_factor",
+        ),
+        (
+            {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8}},
+            "rope_type 'longrope': the draft heads run default, linear, dynamic, llama3, yarn",
+        ),
+        ({"rope_theta": "fast"}, "rope_theta 'fast': not a number"),
+        (
+            {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+            "rope_parameters per layer type \\(full_attention\\): the draft heads run one RoPE",
+        ),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
+    ],
+)
 def test_bad_rope_settings_are_one_line_errors(rope, match):
     with pytest.raises(ValueError, match=match) as e:
         Eagle3Config.from_hf({**LLAMA31_HEAD, **rope})

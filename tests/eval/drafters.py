@@ -17,8 +17,16 @@ from sglang_echo.drafters.base import Drafter
 class ScriptedDrafter(Drafter):
     name = "scripted"
 
-    def __init__(self, refs: Sequence[Sequence[int]], oracle: Sequence[bool], vocab: int,
-                 captured_layers: tuple[int, ...] = (), feature_dim: int = 0, p_right: float = 0.9, seed: int = 0):
+    def __init__(
+        self,
+        refs: Sequence[Sequence[int]],
+        oracle: Sequence[bool],
+        vocab: int,
+        captured_layers: tuple[int, ...] = (),
+        feature_dim: int = 0,
+        p_right: float = 0.9,
+        seed: int = 0,
+    ):
         self.refs, self.oracle, self.vocab = [list(r) for r in refs], list(oracle), vocab
         self.captured_layers, self.feature_dim, self.p_right = tuple(captured_layers), feature_dim, p_right
         self.gen = torch.Generator().manual_seed(seed)

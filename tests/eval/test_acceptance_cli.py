@@ -10,8 +10,24 @@ import pytest
 from sglang_echo.bench import acceptance
 from sglang_echo.bench.cli import SUBCOMMANDS
 
-SMALL = ["--prompts", "chat,humaneval", "--per-set", "2", "--max-new-tokens", "6", "--batch", "2",
-         "--max-depth", "4", "--topk", "3", "--total-tokens", "8", "--device", "cpu"]
+SMALL = [
+    "--prompts",
+    "chat,humaneval",
+    "--per-set",
+    "2",
+    "--max-new-tokens",
+    "6",
+    "--batch",
+    "2",
+    "--max-depth",
+    "4",
+    "--topk",
+    "3",
+    "--total-tokens",
+    "8",
+    "--device",
+    "cpu",
+]
 
 
 def test_registered():
@@ -50,12 +66,16 @@ def test_echo_gates_with_the_calibration_it_is_given(tmp_path, tiny_llama_dir, c
     from ..integration.test_config import write_calibration
 
     fp = drafter_fingerprint("ngram")
-    mine = write_calibration(tmp_path / "mine.json", model_fp=fingerprint(tiny_llama_dir), drafter_fp=fp,
-                             thresholds=(0.7, 0.4), kind="ngram")
+    mine = write_calibration(
+        tmp_path / "mine.json", model_fp=fingerprint(tiny_llama_dir), drafter_fp=fp, thresholds=(0.7, 0.4), kind="ngram"
+    )
     calib, source = acceptance.gating_calibration(str(mine), tiny_llama_dir, "ngram", None)
     gating = acceptance.build_policy("echo", PolicyConfig(), calib).gating
     assert source == str(mine) and (gating.depths, gating.thresholds) == ((1, 2), (0.7, 0.4))
-    assert acceptance.gating_calibration("defaults", tiny_llama_dir, "ngram", None) == (None, "the paper's default gates")
+    assert acceptance.gating_calibration("defaults", tiny_llama_dir, "ngram", None) == (
+        None,
+        "the paper's default gates",
+    )
 
     args = ("--model", str(tiny_llama_dir), "--drafter", "ngram", "--policies", "echo")
     assert _run(tmp_path, *args, "--calibration", str(mine))["calibration"] == str(mine)
@@ -73,10 +93,20 @@ def test_eagle3(tmp_path, tiny_llama_dir):
 
     V = json.loads((tiny_llama_dir / "config.json").read_text())["vocab_size"]
     # sglang ids [0, 0, 1] = inputs of layers 1, 1 and 2 (2 = the last layer's output, pre-norm)
-    draft = write_tiny_eagle3_draft(tmp_path / "e3", tiny_llama_dir, init="early_exit",
-                                    aux_layer_ids=[0, 0, 1], draft_vocab_size=V).path
-    data = _run(tmp_path, "--model", str(tiny_llama_dir), "--drafter", "eagle3", "--draft", str(draft),
-                "--policies", "chain2,echo")
+    draft = write_tiny_eagle3_draft(
+        tmp_path / "e3", tiny_llama_dir, init="early_exit", aux_layer_ids=[0, 0, 1], draft_vocab_size=V
+    ).path
+    data = _run(
+        tmp_path,
+        "--model",
+        str(tiny_llama_dir),
+        "--drafter",
+        "eagle3",
+        "--draft",
+        str(draft),
+        "--policies",
+        "chain2,echo",
+    )
     assert data["captured_layers"] == [1, 1, 2]
     assert all(r["mismatches"] == 0 for r in data["rows"])
 
@@ -93,8 +123,22 @@ def test_mismatch_exits_nonzero(tmp_path, tiny_llama_dir, monkeypatch, capsys):
         return res
 
     monkeypatch.setattr(ev, "speculative_generate", corrupt)
-    assert acceptance.main(["--model", str(tiny_llama_dir), "--drafter", "ngram", "--policies", "chain2",
-                            *SMALL, "--out", str(tmp_path / "bad")]) == 1
+    assert (
+        acceptance.main(
+            [
+                "--model",
+                str(tiny_llama_dir),
+                "--drafter",
+                "ngram",
+                "--policies",
+                "chain2",
+                *SMALL,
+                "--out",
+                str(tmp_path / "bad"),
+            ]
+        )
+        == 1
+    )
     assert "MISMATCH" in capsys.readouterr().err
     data = json.loads((tmp_path / "bad.json").read_text())
     assert data["mismatch_details"]

@@ -103,7 +103,7 @@ def test_eos_and_features_and_kv_lengths(target, prompts, ar):
     for b, p in enumerate(prompts):
         seq = torch.tensor(drafter.hist[b])
         assert seq[: p.numel()].tolist() == p.tolist()
-        gen = seq[p.numel():].tolist()
+        gen = seq[p.numel() :].tolist()
         assert gen[: len(res.tokens[b])] == res.tokens[b]  # the drafter may hold the overshoot too
         assert int(target.lens[b]) == seq.numel() - 1
         feats = torch.cat(drafter.features[b])
@@ -115,8 +115,9 @@ def test_eos_and_features_and_kv_lengths(target, prompts, ar):
 
 
 def test_wrong_drafter_is_still_lossless(target, prompts, ar):
-    res = speculative_generate(target, _drafter(target, ar, oracle=(False,) * 4, seed=3),
-                               make_policy("chain", CFG), prompts, MAX_NEW)
+    res = speculative_generate(
+        target, _drafter(target, ar, oracle=(False,) * 4, seed=3), make_policy("chain", CFG), prompts, MAX_NEW
+    )
     assert res.tokens == ar.tokens
 
 

@@ -24,10 +24,14 @@ def prompts(target) -> list[torch.Tensor]:
 
 def _hf_greedy(model, prompt: torch.Tensor, max_new: int, eos_id=None) -> list[int]:
     out = model.generate(
-        prompt[None], attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
-        max_new_tokens=max_new, do_sample=False, eos_token_id=eos_id, pad_token_id=0,
+        prompt[None],
+        attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=eos_id,
+        pad_token_id=0,
     )
-    return out[0, prompt.numel():].tolist()
+    return out[0, prompt.numel() :].tolist()
 
 
 def test_ar_loop_equals_hf_generate(target, prompts):
@@ -49,7 +53,7 @@ def test_ar_loop_stops_at_eos_like_hf(target, prompts):
         want = ref[: ref.index(eos) + 1] if eos in ref else ref
         assert res.tokens[b] == want
         hf = _hf_greedy(target.model, p, MAX_NEW, eos_id=eos)
-        assert hf[: len(want)] == want and all(t == 0 for t in hf[len(want):])
+        assert hf[: len(want)] == want and all(t == 0 for t in hf[len(want) :])
     assert len(res.tokens[1]) <= 7
 
 

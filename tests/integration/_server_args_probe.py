@@ -11,8 +11,15 @@ from pathlib import Path
 def probe(cases: dict, cwd: Path) -> dict:
     """``{name: {"argv": [...], "env": {...}}}`` -> ``{name: resolved settings or {"error": msg}}``."""
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    p = subprocess.run([sys.executable, __file__, json.dumps(cases)], capture_output=True, text=True, env=env,
-                       timeout=300, cwd=cwd, check=False)
+    p = subprocess.run(
+        [sys.executable, __file__, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=cwd,
+        check=False,
+    )
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("PROBE-RESULT ")]
     assert line, p.stdout[-3000:] + p.stderr[-3000:]
     return json.loads(line[0].split(" ", 1)[1])
@@ -28,9 +35,15 @@ def resolve(argv):
     except Exception as e:  # noqa: BLE001 - reported to the test
         return {"error": f"{type(e).__name__}: {e}"}
     v = resolving_view(sa)
-    keys = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
-            "speculative_num_draft_tokens", "max_running_requests", "disable_overlap_schedule",
-            "enable_mixed_chunk")
+    keys = (
+        "speculative_algorithm",
+        "speculative_num_steps",
+        "speculative_eagle_topk",
+        "speculative_num_draft_tokens",
+        "max_running_requests",
+        "disable_overlap_schedule",
+        "enable_mixed_chunk",
+    )
     return {k: getattr(v, k) for k in keys}
 
 

@@ -44,8 +44,12 @@ SAMPLES = 300
 TEMPERATURE = 1.0
 MATRIX_POLICIES = ("ar", "dense-gating", "fixed-threshold", "budgeted-chain")
 # Gating variants go to drafters whose drafts SmolLM2 accepts; the tiny EAGLE-3 pair rarely is.
-DEFAULT_PAIRS = {"eagle3": ("ar", "budgeted-chain"), "ngram": ("dense-gating",), "dart": ("fixed-threshold",),
-                 "dflash": ()}
+DEFAULT_PAIRS = {
+    "eagle3": ("ar", "budgeted-chain"),
+    "ngram": ("dense-gating",),
+    "dart": ("fixed-threshold",),
+    "dflash": (),
+}
 
 
 def matrix(drafter: str, policies: tuple[str, ...] = MATRIX_POLICIES) -> list:
@@ -56,21 +60,29 @@ def matrix(drafter: str, policies: tuple[str, ...] = MATRIX_POLICIES) -> list:
     for policy in policies:
         marks = [pytest.mark.echo_matrix]
         if not full and policy not in DEFAULT_PAIRS[drafter]:
-            marks.append(pytest.mark.skip(reason=f"{drafter} x {policy}: full matrix only (SGLANG_ECHO_TEST_FULL_MATRIX=1)"))
+            marks.append(
+                pytest.mark.skip(reason=f"{drafter} x {policy}: full matrix only (SGLANG_ECHO_TEST_FULL_MATRIX=1)")
+            )
         params.append(pytest.param(policy, marks=marks))
     return params
 
 
-def run_staggered(url: str, inputs, *, rids: Optional[Sequence[str]] = None,
-                  max_new: Optional[Sequence[int]] = None, **kw) -> list[Generation]:
+def run_staggered(
+    url: str, inputs, *, rids: Optional[Sequence[str]] = None, max_new: Optional[Sequence[int]] = None, **kw
+) -> list[Generation]:
     """Greedy (unless ``kw`` says otherwise) generations, the first wave joining one by one;
     ``rids``: the requests' ids in the server (default: its own); ``max_new``: each request's
     max_new_tokens (default: MAX_NEW_TOKENS for all)."""
 
     def one(i, ids):
         time.sleep(min(i, WORKERS) * STAGGER_S)
-        return generate(url, input_ids=ids, max_new_tokens=max_new[i] if max_new else MAX_NEW_TOKENS,
-                        rid=rids[i] if rids else None, **kw)
+        return generate(
+            url,
+            input_ids=ids,
+            max_new_tokens=max_new[i] if max_new else MAX_NEW_TOKENS,
+            rid=rids[i] if rids else None,
+            **kw,
+        )
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         futs = [pool.submit(one, i, ids) for i, ids in enumerate(inputs)]
@@ -114,8 +126,9 @@ def smollm2_prompts(smollm2_dir: Path) -> list[list[int]]:
     from sglang_echo.models import prompts
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
-    return [tok(p.as_text(tok), add_special_tokens=False).input_ids[-SMOLLM2_PROMPT_TOKENS:]
-            for p in prompts.load_mixed(4)]
+    return [
+        tok(p.as_text(tok), add_special_tokens=False).input_ids[-SMOLLM2_PROMPT_TOKENS:] for p in prompts.load_mixed(4)
+    ]
 
 
 @dataclasses.dataclass
@@ -143,11 +156,13 @@ def smollm2_nospec(smollm2_dir: Path, smollm2_prompts, sampled_prompt_ids, tmp_p
     Under pytest-xdist each worker is a session of its own, so the first worker to need the
     answers serves them into the run's shared temporary folder and the others read them there (a
     server start is about 35 CPU seconds, minutes on a loaded CI host)."""
+
     def serve() -> NoSpecReference:
         srv = start(smollm2_dir, tag="smollm2-nospec", enable_metrics=False)
         try:
-            return NoSpecReference(run_staggered(srv.base_url, smollm2_prompts),
-                                   sample_pairs(srv.base_url, sampled_prompt_ids)[0])
+            return NoSpecReference(
+                run_staggered(srv.base_url, smollm2_prompts), sample_pairs(srv.base_url, sampled_prompt_ids)[0]
+            )
         finally:
             srv.stop()
 
@@ -178,8 +193,10 @@ def sampled_prompt_ids(smollm2_dir: Path) -> list[int]:
 def sample_pairs(url: str, ids: list[int]) -> tuple[list[tuple[int, int]], list[dict]]:
     """:data:`SAMPLES` generations of 2 tokens at :data:`TEMPERATURE` in one batch: the token
     pairs and their meta_info."""
-    body = {"input_ids": [ids] * SAMPLES,
-            "sampling_params": {"max_new_tokens": 2, "temperature": TEMPERATURE, "ignore_eos": True}}
+    body = {
+        "input_ids": [ids] * SAMPLES,
+        "sampling_params": {"max_new_tokens": 2, "temperature": TEMPERATURE, "ignore_eos": True},
+    }
     r = requests.post(url + "/generate", json=body, timeout=900)
     r.raise_for_status()
     out = r.json()
@@ -195,8 +212,13 @@ def tiny_pair(smollm2_dir: Path) -> tuple[Path, Path]:
     # "Early-exit" head (reuses the target's hidden state after layer 2, its norm and lm_head).
     # Measured: it is (almost) never accepted on this random target (as EAGLE3 on it), so these
     # tests mostly exercise the reject/bonus path (see test_echo_smollm2 for accepted drafts).
-    draft = write_tiny_eagle3_draft(CACHE / "tiny-eagle3-early-exit", target, init="early_exit",
-                                    aux_layer_ids=[0, 1, 2], draft_vocab_size=_vocab(target)).path
+    draft = write_tiny_eagle3_draft(
+        CACHE / "tiny-eagle3-early-exit",
+        target,
+        init="early_exit",
+        aux_layer_ids=[0, 1, 2],
+        draft_vocab_size=_vocab(target),
+    ).path
     return target, draft
 
 
@@ -206,17 +228,37 @@ def _vocab(model: Path) -> int:
     return json.loads((model / "config.json").read_text())["vocab_size"]  # full vocab: no hot-token misses
 
 
-def start(model: Path, *, spec: str = "none", draft: Path | None = None, env: dict | None = None,
-          enable_metrics: bool = True, tag: str = "") -> SGLangServer:
+def start(
+    model: Path,
+    *,
+    spec: str = "none",
+    draft: Path | None = None,
+    env: dict | None = None,
+    enable_metrics: bool = True,
+    tag: str = "",
+) -> SGLangServer:
     """Start (and wait for) a CPU server on a free port pair in INTEGRATION_PORTS; caller stops it."""
     return launch_test_server(
-        INTEGRATION_PORTS, f"integration-{tag or spec}",
-        model_path=model, spec=spec, draft_path=draft, spec_options=SPEC, dtype="float32",
-        enable_metrics=enable_metrics, max_total_tokens=8192, context_length=1024,
+        INTEGRATION_PORTS,
+        f"integration-{tag or spec}",
+        model_path=model,
+        spec=spec,
+        draft_path=draft,
+        spec_options=SPEC,
+        dtype="float32",
+        enable_metrics=enable_metrics,
+        max_total_tokens=8192,
+        context_length=1024,
         extra_env=tuple(sorted((env or {}).items())),
         # Explicit ECHO shape (otherwise derived from the ECHO settings): depth 4, W_max 2, W 7.
         extra_args=(
-            "--speculative-num-steps", str(SPEC.num_steps), "--speculative-eagle-topk", str(SPEC.eagle_topk),
-            "--speculative-num-draft-tokens", str(SPEC.num_draft_tokens),
-        ) if spec == "echo" else (),
+            "--speculative-num-steps",
+            str(SPEC.num_steps),
+            "--speculative-eagle-topk",
+            str(SPEC.eagle_topk),
+            "--speculative-num-draft-tokens",
+            str(SPEC.num_draft_tokens),
+        )
+        if spec == "echo"
+        else (),
     )

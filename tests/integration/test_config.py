@@ -13,7 +13,14 @@ from sglang_echo.integration.config import EchoConfig, EchoConfigError, load_cal
 
 def test_defaults_documented():
     cfg = load_config(environ={})
-    assert (cfg.policy, cfg.k_max, cfg.max_depth, cfg.w_def, cfg.w_max, cfg.calibration) == ("echo", None, 4, 1, 2, None)
+    assert (cfg.policy, cfg.k_max, cfg.max_depth, cfg.w_def, cfg.w_max, cfg.calibration) == (
+        "echo",
+        None,
+        4,
+        1,
+        2,
+        None,
+    )
     assert cfg.resolved_width() == 1 + 4 * 1 + 2
     assert cfg.source == "defaults"
 
@@ -61,7 +68,10 @@ def test_dart_drafter_and_its_ngram_switch():
         ({"SGLANG_ECHO_CONFIG": "/nonexistent/echo.json"}, "does not name a file"),
         ({"SGLANG_ECHO_CONFIG": '{"kmax": 3}'}, r"unknown setting\(s\) \['kmax'\]"),
         ({"SGLANG_ECHO_CONFIG": "{not json"}, "not valid JSON"),
-        ({"SGLANG_ECHO_CALIBRATION": "/nonexistent/calib.json"}, "calibration file '/nonexistent/calib.json' not found"),
+        (
+            {"SGLANG_ECHO_CALIBRATION": "/nonexistent/calib.json"},
+            "calibration file '/nonexistent/calib.json' not found",
+        ),
     ],
 )
 def test_bad_values_are_clear(env, match):
@@ -90,10 +100,14 @@ def test_malformed_and_mismatched_calibration(tmp_path: Path):
     ngram = load_config(environ={"SGLANG_ECHO_CALIBRATION": str(ok), "SGLANG_ECHO_DRAFTER": "ngram"})
     with pytest.raises(CalibrationError, match="made for the 'eagle3' drafter"):
         load_calibration_for(ngram, model_path=str(model))
-    other_params = write_calibration(tmp_path / "ng.json", model_fp=fingerprint(model), drafter_fp="ngram:n=2..3", kind="ngram")
+    other_params = write_calibration(
+        tmp_path / "ng.json", model_fp=fingerprint(model), drafter_fp="ngram:n=2..3", kind="ngram"
+    )
     with pytest.raises(CalibrationError, match="made for a different drafter"):
-        load_calibration_for(load_config(environ={"SGLANG_ECHO_CALIBRATION": str(other_params), "SGLANG_ECHO_DRAFTER": "ngram"}),
-                             model_path=str(model))
+        load_calibration_for(
+            load_config(environ={"SGLANG_ECHO_CALIBRATION": str(other_params), "SGLANG_ECHO_DRAFTER": "ngram"}),
+            model_path=str(model),
+        )
 
 
 def test_auto_control_kernel_is_settled_per_server():
@@ -101,7 +115,9 @@ def test_auto_control_kernel_is_settled_per_server():
 
     cfg = load_config(environ={})
     assert resolve_control_kernel(cfg, "cpu").control_kernel == "torch"
-    assert resolve_control_kernel(load_config(environ={"SGLANG_ECHO_POLICY": "chain"}), "cuda").control_kernel == "torch"
+    assert (
+        resolve_control_kernel(load_config(environ={"SGLANG_ECHO_POLICY": "chain"}), "cuda").control_kernel == "torch"
+    )
     pinned = load_config(environ={"SGLANG_ECHO_CONTROL_KERNEL": "torch"})
     assert resolve_control_kernel(pinned, "cuda") is pinned
 
@@ -109,15 +125,17 @@ def test_auto_control_kernel_is_settled_per_server():
 def test_calibration_against_a_model_that_is_not_local(tmp_path: Path, monkeypatch):
     """A hub id is checked against its cached snapshot, and refused where none is cached (it
     used to skip the fingerprint check)."""
-    from sglang_echo.core.calibration_file import CalibrationError, fingerprint
-
     from huggingface_hub import constants
+
+    from sglang_echo.core.calibration_file import CalibrationError, fingerprint
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # read at each call
     calib = write_calibration(tmp_path / "c.json", model_fp="sha256:other", drafter_fp=None)
     cfg = load_config(environ={"SGLANG_ECHO_CALIBRATION": str(calib)})
-    with pytest.raises(CalibrationError, match="'acme/not-downloaded', which is neither a local folder nor in the "
-                                               "Hugging Face cache: download it first"):
+    with pytest.raises(
+        CalibrationError,
+        match="'acme/not-downloaded', which is neither a local folder nor in the Hugging Face cache: download it first",
+    ):
         load_calibration_for(cfg, model_path="acme/not-downloaded")
     # The same id, cached: checked against the snapshot's fingerprint.
     snap = tmp_path / "hub" / "models--acme--cached" / "snapshots" / ("0" * 40)
@@ -134,16 +152,30 @@ def test_calibration_against_a_model_that_is_not_local(tmp_path: Path, monkeypat
 def write_calibration(path: Path, *, model_fp, drafter_fp, thresholds=(0.05, 0.02), kind="eagle3") -> Path:
     """A minimal valid calibration file (also used by the server tests)."""
     rows = [
-        {"depth": d, "auc": 0.8, "auc_ci": [0.7, 0.9], "accept_rate": 0.5, "num_accepted": 10,
-         "num_rejected": 10, "threshold": t}
+        {
+            "depth": d,
+            "auc": 0.8,
+            "auc_ci": [0.7, 0.9],
+            "accept_rate": 0.5,
+            "num_accepted": 10,
+            "num_rejected": 10,
+            "threshold": t,
+        }
         for d, t in zip((1, 2), thresholds)
     ]
-    path.write_text(json.dumps({
-        "schema": "sglang-echo/calibration", "version": 1,
-        "model": {"name": "m", "fingerprint": model_fp},
-        "drafter": {"kind": kind, "name": "d", "fingerprint": drafter_fp},
-        "depths": rows, "sweet_spots": [1, 2], "k_max": None,
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "schema": "sglang-echo/calibration",
+                "version": 1,
+                "model": {"name": "m", "fingerprint": model_fp},
+                "drafter": {"kind": kind, "name": "d", "fingerprint": drafter_fp},
+                "depths": rows,
+                "sweet_spots": [1, 2],
+                "k_max": None,
+            }
+        )
+    )
     return path
 
 
@@ -191,11 +223,21 @@ def test_control_kernel_setting(monkeypatch):
         monkeypatch.delenv(key)
     monkeypatch.setenv("SGLANG_ECHO_DRAFTER", "ngram")
     monkeypatch.setenv("SGLANG_ECHO_CONTROL_KERNEL", "triton")
-    sa = SimpleNamespace(speculative_draft_model_path=None, pp_size=1, enable_dp_attention=False,
-                         disaggregation_mode="null", speculative_adaptive=False,
-                         speculative_use_rejection_sampling=False, enable_multi_layer_eagle=False, page_size=1,
-                         speculative_eagle_topk=None, speculative_num_steps=None, speculative_num_draft_tokens=None,
-                         device="cpu", model_path=None)
+    sa = SimpleNamespace(
+        speculative_draft_model_path=None,
+        pp_size=1,
+        enable_dp_attention=False,
+        disaggregation_mode="null",
+        speculative_adaptive=False,
+        speculative_use_rejection_sampling=False,
+        enable_multi_layer_eagle=False,
+        page_size=1,
+        speculative_eagle_topk=None,
+        speculative_num_steps=None,
+        speculative_num_draft_tokens=None,
+        device="cpu",
+        model_path=None,
+    )
     with pytest.raises(ValueError, match="control_kernel 'triton'.*needs a CUDA device, not --device cpu"):
         validate_server_args(sa)
     sa.device = "cuda"  # and the n-gram drafter, whose trees are host-side, cannot use it either

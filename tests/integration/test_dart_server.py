@@ -84,7 +84,9 @@ def test_dart_baseline_lossless(policy, smollm2_dir, dart_head, prompt_ids, refe
 NO_NGRAM = {"fixed-threshold": {"SGLANG_ECHO_CONFIG": json.dumps({"fixed_tau": 0.2}), "SGLANG_ECHO_DART_NGRAM": "0"}}
 
 
-@pytest.mark.parametrize("policy", matrix("dart", ("dense-gating", "fixed-threshold", "budgeted-chain")))  # ar drafts nothing
+@pytest.mark.parametrize(
+    "policy", matrix("dart", ("dense-gating", "fixed-threshold", "budgeted-chain"))
+)  # ar drafts nothing
 def test_dart_policy_matrix(policy, smollm2_dir, dart_head, prompt_ids, reference):
     env = NO_NGRAM.get(policy)
     got, metrics, _ = SUITE.serve(policy, smollm2_dir, dart_head, prompt_ids, env=env)

@@ -37,9 +37,13 @@ class FakePool:
 
 def server_context(head, slots: int):
     c = head.cfg
-    layers = [SimpleNamespace(self_attn=SimpleNamespace(attn=SimpleNamespace(layer_id=i))) for i in range(c.num_hidden_layers)]
-    runner = SimpleNamespace(token_to_kv_pool=FakePool(c.num_hidden_layers, slots, c.num_key_value_heads, c.head_dim),
-                             model=SimpleNamespace(layers=layers))
+    layers = [
+        SimpleNamespace(self_attn=SimpleNamespace(attn=SimpleNamespace(layer_id=i))) for i in range(c.num_hidden_layers)
+    ]
+    runner = SimpleNamespace(
+        token_to_kv_pool=FakePool(c.num_hidden_layers, slots, c.num_key_value_heads, c.head_dim),
+        model=SimpleNamespace(layers=layers),
+    )
     return DFlashPoolContext(head, runner)
 
 
@@ -63,12 +67,14 @@ def test_pool_context_drafts_what_the_offline_drafter_drafts():
     for i in range(3):
         lo = torch.tensor([c[i] for c in cuts])
         hi = torch.tensor([c[i + 1] for c in cuts])
-        feats = torch.cat([f[c[i]: c[i + 1]] for f, c in zip(hist.feats, cuts)])
+        feats = torch.cat([f[c[i] : c[i + 1]] for f, c in zip(hist.feats, cuts)])
         pos = extend_positions(lo, hi - lo, "cpu")
         rows = torch.repeat_interleave(torch.arange(B), hi - lo)
         ctx.write(feats, pos, req_to_token[rows, pos])
-        offline.catch_up([t[1:][c[i]: c[i + 1]] for t, c in zip(hist.toks, cuts)],
-                         [f[c[i]: c[i + 1]] for f, c in zip(hist.feats, cuts)])
+        offline.catch_up(
+            [t[1:][c[i] : c[i + 1]] for t, c in zip(hist.toks, cuts)],
+            [f[c[i] : c[i + 1]] for f, c in zip(hist.feats, cuts)],
+        )
 
         roots = torch.stack([t[c[i + 1]] for t, c in zip(hist.toks, cuts)])
         batch = SimpleNamespace(seq_lens=hi, req_pool_indices=torch.arange(B))
@@ -100,10 +106,17 @@ def test_capture_layers_come_from_the_dflash_head():
     eagle_cfg = _HF(architectures=["LlamaForCausalLMEagle3"])
 
     def run(hf, *, eagle3=True, draft_worker=False):
-        config = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf), eagle_aux_hidden_state_layer_ids=None)
-        resolve_capture_layers(lambda **kw: None, config=config, server_args=None,
-                               model_config=SimpleNamespace(hf_text_config=SimpleNamespace(num_hidden_layers=4)),
-                               spec_algorithm=SimpleNamespace(is_eagle3=lambda: eagle3), is_draft_worker=draft_worker)
+        config = SimpleNamespace(
+            draft_model_config=SimpleNamespace(hf_config=hf), eagle_aux_hidden_state_layer_ids=None
+        )
+        resolve_capture_layers(
+            lambda **kw: None,
+            config=config,
+            server_args=None,
+            model_config=SimpleNamespace(hf_text_config=SimpleNamespace(num_hidden_layers=4)),
+            spec_algorithm=SimpleNamespace(is_eagle3=lambda: eagle3),
+            is_draft_worker=draft_worker,
+        )
         return config.eagle_aux_hidden_state_layer_ids
 
     assert run(dflash_cfg) == [1, 2]

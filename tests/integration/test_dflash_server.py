@@ -29,7 +29,9 @@ from .drafter_servers import DrafterSuite
 def _offline_dflash(model, head: Path):
     from sglang_echo.drafters.dflash import load_dflash_drafter
 
-    return load_dflash_drafter(head, model.get_input_embeddings().weight, num_target_layers=model.config.num_hidden_layers)
+    return load_dflash_drafter(
+        head, model.get_input_embeddings().weight, num_target_layers=model.config.num_hidden_layers
+    )
 
 
 SUITE = DrafterSuite("dflash", _offline_dflash)

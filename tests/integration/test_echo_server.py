@@ -55,14 +55,28 @@ def _calibration(tmp_path_factory, tiny_pair) -> Path:
 
     path = tmp_path_factory.mktemp("calib") / "calibration.json"
     # Low thresholds for the tiny head's low confidences: some gates pass, some fail.
-    return write_calibration(path, model_fp=fingerprint(tiny_pair[0]), drafter_fp=fingerprint(tiny_pair[1]),
-                             thresholds=(0.03, 0.01))
+    return write_calibration(
+        path, model_fp=fingerprint(tiny_pair[0]), drafter_fp=fingerprint(tiny_pair[1]), thresholds=(0.03, 0.01)
+    )
 
 
-def run_policy(policy: str, tiny_pair, prompt_ids, reference, tmp_path_factory, *, sampled: bool = False,
-               budget: str = "fixed", faults: str = ""):
-    env = {"SGLANG_ECHO_POLICY": policy, "SGLANG_ECHO_K_MAX": str(K_MAX), "SGLANG_ECHO_BUDGET": budget,
-           "SGLANG_ECHO_FAULT_INJECT": faults}
+def run_policy(
+    policy: str,
+    tiny_pair,
+    prompt_ids,
+    reference,
+    tmp_path_factory,
+    *,
+    sampled: bool = False,
+    budget: str = "fixed",
+    faults: str = "",
+):
+    env = {
+        "SGLANG_ECHO_POLICY": policy,
+        "SGLANG_ECHO_K_MAX": str(K_MAX),
+        "SGLANG_ECHO_BUDGET": budget,
+        "SGLANG_ECHO_FAULT_INJECT": faults,
+    }
     if policy in ("echo", "dense-gating", "fixed-threshold"):
         env["SGLANG_ECHO_CALIBRATION"] = str(_calibration(tmp_path_factory, tiny_pair))
     if policy == "fixed-threshold":
@@ -72,15 +86,14 @@ def run_policy(policy: str, tiny_pair, prompt_ids, reference, tmp_path_factory, 
         got = run_staggered(srv.base_url, prompt_ids)
         metrics = scrape(srv.base_url)
         info = requests.get(srv.base_url + "/server_info", timeout=30).json()
-        sampled_out = (
-            run_staggered(srv.base_url, prompt_ids[:4], temperature=0.8, top_p=0.9) if sampled else None
-        )
+        sampled_out = run_staggered(srv.base_url, prompt_ids[:4], temperature=0.8, top_p=0.9) if sampled else None
         alive = srv.alive()
     finally:
         srv.stop()
     assert alive
-    mismatches = [(i, r.output_ids, g.output_ids) for i, (r, g) in enumerate(zip(reference, got))
-                  if r.output_ids != g.output_ids]
+    mismatches = [
+        (i, r.output_ids, g.output_ids) for i, (r, g) in enumerate(zip(reference, got)) if r.output_ids != g.output_ids
+    ]
     assert not mismatches, f"{policy}: {len(mismatches)}/{len(got)} outputs differ, first: {mismatches[0]}"
 
     # Budget and metrics, from the worker's counters and sglang's per-request cap_lens.
@@ -106,8 +119,10 @@ def run_policy(policy: str, tiny_pair, prompt_ids, reference, tmp_path_factory, 
     if policy in ("echo", "dense-gating", "fixed-threshold"):
         assert sum(v for k, v in metrics.items() if k.startswith("echo_gate_evaluated_total[")) > 0
     accepted = sum(g.meta["spec_num_correct_drafts"] for g in got)
-    print(f"[{policy}] steps={steps:.0f} verified={verified:.0f} step_max={metrics['echo_step_verified_tokens_max']:.0f} "
-          f"correct_drafts={accepted} cap_len={[round(g.meta.get('spec_cap_length', 0), 2) for g in got[:4]]}")
+    print(
+        f"[{policy}] steps={steps:.0f} verified={verified:.0f} step_max={metrics['echo_step_verified_tokens_max']:.0f} "
+        f"correct_drafts={accepted} cap_len={[round(g.meta.get('spec_cap_length', 0), 2) for g in got[:4]]}"
+    )
     if sampled_out is not None:
         assert all(0 < len(g.output_ids) <= MAX_NEW_TOKENS for g in sampled_out)
     return got, metrics
@@ -121,8 +136,9 @@ def test_echo_cost_budget_greedy_lossless(tiny_pair, prompt_ids, reference, tmp_
     """Per-step caps from the cost model (core.budget): smaller trees, the same tokens. With a
     fault drill: the drafter raises in its 3rd drafting step and proposes an out-of-vocabulary
     token in its 6th; each such step is verified as plain decoding, no request is lost."""
-    _, metrics = run_policy("echo", tiny_pair, prompt_ids, reference, tmp_path_factory, budget="cost",
-                            faults="raise:3,garbage:6")
+    _, metrics = run_policy(
+        "echo", tiny_pair, prompt_ids, reference, tmp_path_factory, budget="cost", faults="raise:3,garbage:6"
+    )
     assert metrics["echo_draft_faults_total[raise]"] == 1 and metrics["echo_draft_faults_total[garbage]"] == 1
 
 
@@ -158,8 +174,11 @@ def test_echo_smollm2(smollm2_dir, smollm2_prompts, smollm2_reference):
     """The real SmolLM2-135M target with the shipped, trained EAGLE-3 head: drafts get accepted
     on most steps, so accepted branches, KV compaction and draft extend after accepts run
     through ECHO's trees. Greedy output must equal no speculation."""
-    env = {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": str(K_MAX),
-           "SGLANG_ECHO_CONFIG": json.dumps({"fixed_tau": 0.0})}
+    env = {
+        "SGLANG_ECHO_POLICY": "echo",
+        "SGLANG_ECHO_K_MAX": str(K_MAX),
+        "SGLANG_ECHO_CONFIG": json.dumps({"fixed_tau": 0.0}),
+    }
     got, metrics = _serve_smollm2(smollm2_dir, smollm2_prompts[:12], smollm2_reference[:12], env, "smollm2-echo")
     assert metrics["echo_budget_exceeded_total"] == 0
     correct = sum(g.meta["spec_num_correct_drafts"] for g in got)
@@ -207,10 +226,15 @@ def test_lazy_extend_drafts_as_eager_smollm2(smollm2_dir, smollm2_prompts, smoll
     conf, metrics = {}, {}
     for k_max, lazy in ((2 * WORKERS, 0), (WORKERS, 4)):
         probe = tmp_path / f"probe-{lazy}.jsonl"
-        env = {"SGLANG_ECHO_POLICY": "budgeted-chain", "SGLANG_ECHO_K_MAX": str(k_max),
-               "SGLANG_ECHO_LAZY_EXTEND": str(lazy), "SGLANG_ECHO_PROBE_OUT": str(probe)}
-        _, metrics[lazy] = _serve_smollm2(smollm2_dir, smollm2_prompts, smollm2_reference, env,
-                                          f"smollm2-lazy{lazy}", rids=rids, max_new=max_new)
+        env = {
+            "SGLANG_ECHO_POLICY": "budgeted-chain",
+            "SGLANG_ECHO_K_MAX": str(k_max),
+            "SGLANG_ECHO_LAZY_EXTEND": str(lazy),
+            "SGLANG_ECHO_PROBE_OUT": str(probe),
+        }
+        _, metrics[lazy] = _serve_smollm2(
+            smollm2_dir, smollm2_prompts, smollm2_reference, env, f"smollm2-lazy{lazy}", rids=rids, max_new=max_new
+        )
         conf[lazy] = _draft_confidence(probe)
     deferred = metrics[4].get("echo_deferred_extend_tokens_total", 0)
     caught_up = metrics[4].get("echo_caught_up_tokens_total", 0)
@@ -222,9 +246,11 @@ def test_lazy_extend_drafts_as_eager_smollm2(smollm2_dir, smollm2_prompts, smoll
     deeper = [k for k in after_catch_up if conf[4][k][0][1] > 0 and conf[0][k][0][1] > 0]
     diffs = {k: _max_difference(conf[4][k][0], conf[0][k][0]) for k in both}
     worst = max(diffs, key=diffs.get, default=None)
-    print(f"[smollm2-lazy] steps {metrics[4]['echo_steps_total']:.0f}, deferred {deferred:.0f}, caught up "
-          f"{caught_up:.0f}; {len(both)} positions drafted by both, {len(after_catch_up)} right after a catch-up "
-          f"(of {sum(v[1] for v in conf[4].values())}; {len(deeper)} of them at depth 2 too); "
-          f"largest |c_d lazy - c_d eager| {diffs.get(worst, float('nan')):.2e} at {worst}")
+    print(
+        f"[smollm2-lazy] steps {metrics[4]['echo_steps_total']:.0f}, deferred {deferred:.0f}, caught up "
+        f"{caught_up:.0f}; {len(both)} positions drafted by both, {len(after_catch_up)} right after a catch-up "
+        f"(of {sum(v[1] for v in conf[4].values())}; {len(deeper)} of them at depth 2 too); "
+        f"largest |c_d lazy - c_d eager| {diffs.get(worst, float('nan')):.2e} at {worst}"
+    )
     assert len(after_catch_up) >= WORKERS // 2 and deeper  # 14 catch-ups measured, 9 at positions both drafted
     assert diffs[worst] < 1e-3  # float32 everywhere: only batch-shape rounding may differ

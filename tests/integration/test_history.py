@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
-
 from sglang_echo.integration.history import History, TokenHistory
 
 

@@ -10,9 +10,9 @@ import pytest
 import requests
 import torch
 
+from sglang_echo.bench.level_metrics import parse_page
 from sglang_echo.integration import metrics as M
 from sglang_echo.integration.config import load_config, make_echo_policy
-from sglang_echo.bench.level_metrics import parse_page
 from sglang_echo.integration.metric_catalog import BY_KEY, SERIES, Sample, bucket_bounds, check_page
 from sglang_echo.integration.metrics import DEPTH_KEY, EchoMetrics, TimedDrafter, record_tree_depths, timing_sync
 from sglang_echo.integration.ngram_worker import History, RequestDrafters, build_ngram_drafts
@@ -172,9 +172,15 @@ def _sglang_line(labels=LABELS) -> str:
 
 def _step(sizes, depths, cap=None):
     sizes = torch.tensor(sizes)
-    return SimpleNamespace(verified=int(sizes.sum()), cap=cap, sizes=sizes, width=int(sizes.max()),
-                           gate_evaluated=torch.tensor([0, 3]), gate_passed=torch.tensor([0, 2]),
-                           depths=torch.tensor(depths))
+    return SimpleNamespace(
+        verified=int(sizes.sum()),
+        cap=cap,
+        sizes=sizes,
+        width=int(sizes.max()),
+        gate_evaluated=torch.tensor([0, 3]),
+        gate_passed=torch.tensor([0, 2]),
+        depths=torch.tensor(depths),
+    )
 
 
 def test_every_series_carries_sglangs_labels_and_exists_from_the_start(prom_metrics):
@@ -191,8 +197,11 @@ def test_every_series_carries_sglangs_labels_and_exists_from_the_start(prom_metr
     m.draft_fault("raise")
     m.on_budget_step(("draft", "explore"), 0.1)
     m.on_step(_step([3, 1], [2, 0]), 4)
-    labelled = {x.name: x.labels for x in _page(reg.reg) if x.name in (
-        "echo_draft_faults_total", "echo_budget_steps_total", "echo_gate_evaluated_total")}
+    labelled = {
+        x.name: x.labels
+        for x in _page(reg.reg)
+        if x.name in ("echo_draft_faults_total", "echo_budget_steps_total", "echo_gate_evaluated_total")
+    }
     assert labelled["echo_draft_faults_total"] == {**LABELS, "kind": "raise"}
     assert labelled["echo_budget_steps_total"] == {**LABELS, "arm": "draft", "reason": "explore"}
     assert labelled["echo_gate_evaluated_total"] == {**LABELS, "depth": "1"}
@@ -285,11 +294,15 @@ def test_labels_and_writer_are_sglangs():
     before = set(REGISTRY._collector_to_names)
     try:
         for rank in (0, 1):
-            with get_context().override_server_args(served_model_name="echo-test", enable_metrics=True, tp_size=2) \
-                    as sa, get_parallel().override(tp_rank=rank, pp_rank=0, moe_ep_rank=0, dp_rank=None,
-                                                   attn_tp_rank=rank, attn_cp_rank=0):
-                ctx = SchedulerMetricsCollector.init_new(server_args=sa, enable_priority_scheduling=False,
-                                                         enable_lora=False, enable_hierarchical_cache=False)
+            with (
+                get_context().override_server_args(served_model_name="echo-test", enable_metrics=True, tp_size=2) as sa,
+                get_parallel().override(
+                    tp_rank=rank, pp_rank=0, moe_ep_rank=0, dp_rank=None, attn_tp_rank=rank, attn_cp_rank=0
+                ),
+            ):
+                ctx = SchedulerMetricsCollector.init_new(
+                    server_args=sa, enable_priority_scheduling=False, enable_lora=False, enable_hierarchical_cache=False
+                )
                 want = {k: str(v) for k, v in ctx.collector.labels.items()}
                 assert M.sglang_labels() == want and want["tp_rank"] == str(rank)
                 assert M.sglang_writes_metrics() == ctx.is_stats_logging_rank == (rank == 0)
@@ -316,14 +329,21 @@ def _start_router(worker_url: str):
 
     port = find_free_port_pair(*worker_ports(INTEGRATION_PORTS))
     cmd = router_command(worker_url)
-    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)), ("--prometheus-host", "127.0.0.1"),
-                        ("--prometheus-port", str(port + 1))):
+    for flag, value in (
+        ("--host", "127.0.0.1"),
+        ("--port", str(port)),
+        ("--prometheus-host", "127.0.0.1"),
+        ("--prometheus-port", str(port + 1)),
+    ):
         cmd = [f"{flag}={value}" if a.startswith(flag + "=") else a for a in cmd]
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"router-{port}-{time.strftime('%H%M%S')}.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(die_with_parent([sys.executable, "-m", "sglang_router.launch_router", *cmd]),
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            die_with_parent([sys.executable, "-m", "sglang_router.launch_router", *cmd]),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -348,8 +368,12 @@ def test_server_metrics_through_the_router(smollm2_dir, smollm2_prompts):
     agree with the counters."""
     from .conftest import run_staggered, scrape, start
 
-    srv = start(smollm2_dir, spec="echo", env={"SGLANG_ECHO_DRAFTER": "ngram", "SGLANG_ECHO_POLICY": "echo"},
-                tag="metrics-router")
+    srv = start(
+        smollm2_dir,
+        spec="echo",
+        env={"SGLANG_ECHO_DRAFTER": "ngram", "SGLANG_ECHO_POLICY": "echo"},
+        tag="metrics-router",
+    )
     router = None
     try:
         router, url, router_metrics = _start_router(srv.base_url)

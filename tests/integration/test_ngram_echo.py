@@ -119,8 +119,9 @@ def test_per_step_width_keeps_the_trees_and_drops_the_padding(policy):
     hists = [History([1, 2, 3, 4, 1, 2, 3, 5, 1, 2], [3]), History([7, 8, 9], [7]), History([4] * 12, [4])]
     roots = torch.tensor([h[-1] for h in hists])
     wide = build_ngram_drafts(pol, [rd.sync(f"w{i}", h) for i, h in enumerate(hists)], roots, W)
-    tokens, mask, step = build_ngram_drafts(pol, [rd.sync(f"n{i}", h) for i, h in enumerate(hists)], roots, W,
-                                            per_step_width=True)
+    tokens, mask, step = build_ngram_drafts(
+        pol, [rd.sync(f"n{i}", h) for i, h in enumerate(hists)], roots, W, per_step_width=True
+    )
     B, Ws = len(hists), int(step.sizes.max())
     assert step.width == Ws and wide[2].width == W and step.sizes.tolist() == wide[2].sizes.tolist()
     assert Ws == 1 if policy == "ar" else 1 < Ws < W
@@ -163,7 +164,7 @@ def test_greedy_verify_loop_is_lossless(policy):
         seq = list(p)
         for _ in range(40):
             seq.append(target(seq))
-        want[rid] = seq[len(p):]
+        want[rid] = seq[len(p) :]
     out = {rid: [want[rid][0]] for rid in prompts}  # the prefill's token
     live, waiting, accepted = [], list(prompts), 0
     while live or waiting:
@@ -181,7 +182,7 @@ def test_greedy_verify_loop_is_lossless(policy):
         for b, r in enumerate(live):
             # Positions are seq_len + depth; padding sits at depth 0.
             depth = pos.view(B, W)[b] - seq_lens[b]
-            assert int(depth[0]) == 0 and bool((depth[int(step.sizes[b]):] == 0).all())
+            assert int(depth[0]) == 0 and bool((depth[int(step.sizes[b]) :] == 0).all())
             ctx = prompts[r] + out[r]
             new = _greedy_walk(tokens[b], nxt[b], sib[b], lambda acc, ctx=ctx: target(ctx + acc))
             accepted += len(new) - 1
@@ -196,12 +197,14 @@ def test_greedy_verify_loop_is_lossless(policy):
 def test_hooks_and_init_match_installed_sglang():
     """The ngram rows of the compat table and the copied NGRAMWorker.__init__ attribute list,
     checked where sglang's kernels import (the CPU engine shims them, as in the scheduler)."""
-    code = ("from sglang_echo.integration.compat import check_hooks; "
-            "from sglang_echo.integration import ngram_worker as m; "
-            "import sglang.srt.speculative.ngram_worker; "
-            "w = m.EchoNgramWorker; from sglang.srt.speculative.ngram_worker import NGRAMWorker; "
-            "assert issubclass(w, NGRAMWorker); "
-            "print('RESULT', check_hooks(), sorted(m.init_drift()))")
+    code = (
+        "from sglang_echo.integration.compat import check_hooks; "
+        "from sglang_echo.integration import ngram_worker as m; "
+        "import sglang.srt.speculative.ngram_worker; "
+        "w = m.EchoNgramWorker; from sglang.srt.speculative.ngram_worker import NGRAMWorker; "
+        "assert issubclass(w, NGRAMWorker); "
+        "print('RESULT', check_hooks(), sorted(m.init_drift()))"
+    )
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False)
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -229,9 +232,15 @@ def _start(model: Path, *, spec: str = "none", env: dict | None = None, tag: str
     from ..conftest import INTEGRATION_PORTS, launch_test_server
 
     return launch_test_server(
-        INTEGRATION_PORTS, f"ngram-echo-{tag or spec}",
-        model_path=model, spec=spec, dtype="float32", enable_metrics=spec != "none",
-        max_total_tokens=8192, context_length=1024, extra_env=tuple(sorted((env or {}).items())),
+        INTEGRATION_PORTS,
+        f"ngram-echo-{tag or spec}",
+        model_path=model,
+        spec=spec,
+        dtype="float32",
+        enable_metrics=spec != "none",
+        max_total_tokens=8192,
+        context_length=1024,
+        extra_env=tuple(sorted((env or {}).items())),
     )
 
 
@@ -243,9 +252,15 @@ def run_policy(policy: str, smollm2_dir: Path, prompt_ids, reference, tmp_path_f
     if policy in ELASTIC:
         calib = tmp_path_factory.mktemp("calib") / "calibration.json"
         # Gates at depths 1 and 2 that some n-gram proposals pass and some fail.
-        env["SGLANG_ECHO_CALIBRATION"] = str(write_calibration(
-            calib, model_fp=fingerprint(smollm2_dir), drafter_fp=drafter_fingerprint("ngram"),
-            thresholds=(0.3, 0.15), kind="ngram"))
+        env["SGLANG_ECHO_CALIBRATION"] = str(
+            write_calibration(
+                calib,
+                model_fp=fingerprint(smollm2_dir),
+                drafter_fp=drafter_fingerprint("ngram"),
+                thresholds=(0.3, 0.15),
+                kind="ngram",
+            )
+        )
     if policy == "fixed-threshold":
         env["SGLANG_ECHO_CONFIG"] = json.dumps({"fixed_tau": 0.2})
     if policy == "static-tree":  # the drafter named in the JSON config rather than its env var
@@ -262,8 +277,9 @@ def run_policy(policy: str, smollm2_dir: Path, prompt_ids, reference, tmp_path_f
     finally:
         srv.stop()
     assert alive
-    mismatches = [(i, w.output_ids, g.output_ids) for i, (w, g) in enumerate(zip(want, got))
-                  if w.output_ids != g.output_ids]
+    mismatches = [
+        (i, w.output_ids, g.output_ids) for i, (w, g) in enumerate(zip(want, got)) if w.output_ids != g.output_ids
+    ]
     assert not mismatches, f"{policy}: {len(mismatches)}/{len(got)} outputs differ, first: {mismatches[0]}"
 
     assert info["speculative_algorithm"] == "ECHO" and not info.get("speculative_draft_model_path")
@@ -285,9 +301,11 @@ def run_policy(policy: str, smollm2_dir: Path, prompt_ids, reference, tmp_path_f
         assert metrics["echo_step_verified_tokens_max"] <= max(K_MAX, WORKERS)
     if policy in ELASTIC:
         assert sum(v for k, v in metrics.items() if k.startswith("echo_gate_evaluated_total[")) > 0
-    print(f"[ngram/{policy}] {len(got)} prompts, {time.time() - t0:.0f}s: tokens={tokens} verify_steps={steps} "
-          f"accepted_drafts={correct} accept_len={tokens / max(steps, 1):.2f} "
-          f"verified_per_step={metrics['echo_verified_tokens_total'] / metrics['echo_steps_total']:.2f}")
+    print(
+        f"[ngram/{policy}] {len(got)} prompts, {time.time() - t0:.0f}s: tokens={tokens} verify_steps={steps} "
+        f"accepted_drafts={correct} accept_len={tokens / max(steps, 1):.2f} "
+        f"verified_per_step={metrics['echo_verified_tokens_total'] / metrics['echo_steps_total']:.2f}"
+    )
     if policy == "ar":  # drafts nothing: every request verifies its root alone
         assert correct == 0 and all(g.meta.get("spec_cap_length", 1.0) == 1.0 for g in got)
     else:  # the drafter proposes and the target accepts: fewer verify steps than tokens
@@ -299,8 +317,9 @@ def run_policy(policy: str, smollm2_dir: Path, prompt_ids, reference, tmp_path_f
 def test_echo_ngram_lossless_on_every_prompt(smollm2_dir, prompt_ids, reference, tmp_path_factory):
     """With a fault drill (the n-gram drafters raise in the 2nd drafting step, propose an
     out-of-vocabulary token in the 5th): those steps are plain decoding, every output is exact."""
-    metrics = run_policy("echo", smollm2_dir, prompt_ids, reference, tmp_path_factory, n=len(prompt_ids),
-                         faults="raise:2,garbage:5")
+    metrics = run_policy(
+        "echo", smollm2_dir, prompt_ids, reference, tmp_path_factory, n=len(prompt_ids), faults="raise:2,garbage:5"
+    )
     assert metrics["echo_draft_faults_total[raise]"] == 1 and metrics["echo_draft_faults_total[garbage]"] == 1
 
 

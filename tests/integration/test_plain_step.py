@@ -23,6 +23,7 @@ class DraftSetupReached(Exception):
 def _worker(cap: int, *, probe=None, per_step_width: bool = True):
     """An EchoDraftWorker with just the state draft() reads (no model, no pools)."""
     from sglang.srt.speculative.eagle_utils import TreeMaskMode
+
     from sglang_echo.integration.worker import EchoDraftWorker, EchoStepState
 
     cfg = load_config(environ={"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": "64"})
@@ -32,8 +33,9 @@ def _worker(cap: int, *, probe=None, per_step_width: bool = True):
     w.echo_budget = SimpleNamespace(cap=lambda bs: cap)
     w.speculative_num_steps, w.topk, w.device = cfg.max_depth, max(2, cfg.w_max), "cpu"
     w.tree_mask_mode, w.req_to_token_pool, w.draft_runner = TreeMaskMode.QLEN_ONLY, None, None
-    w.target_worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend=SimpleNamespace(verify_mask=None),
-                                                                    kv_index_translator=None))
+    w.target_worker = SimpleNamespace(
+        model_runner=SimpleNamespace(attn_backend=SimpleNamespace(verify_mask=None), kv_index_translator=None)
+    )
     return w
 
 
@@ -73,8 +75,10 @@ def test_a_step_capped_at_its_roots_skips_the_draft_setup(no_draft_setup):
 def test_other_steps_take_the_full_path(no_draft_setup, case):
     """A cap above the roots, the calibration probe or a step laid out W wide (CUDA graphs) all
     need the policy's trees: those steps reach sglang's draft setup."""
-    w = {"room to draft": lambda: _worker(cap=5),
-         "probe records trees": lambda: _worker(cap=4, probe=object()),
-         "fixed width W": lambda: _worker(cap=4, per_step_width=False)}[case]()
+    w = {
+        "room to draft": lambda: _worker(cap=5),
+        "probe records trees": lambda: _worker(cap=4, probe=object()),
+        "fixed width W": lambda: _worker(cap=4, per_step_width=False),
+    }[case]()
     with pytest.raises(DraftSetupReached):
         w.draft(_batch(4))

@@ -43,25 +43,49 @@ def random_pair() -> tuple[Path, Path]:
     vocab_dir.mkdir(parents=True, exist_ok=True)
     (vocab_dir / "config.json").write_text(json.dumps({"vocab_size": VOCAB}))
     target = write_tiny_llama(CACHE / "smollm2-shaped-4l", vocab_dir, **SMOLLM2_SHAPE).path
-    draft = write_tiny_eagle3_draft(CACHE / "smollm2-shaped-4l-eagle3", target, init="early_exit",
-                                    aux_layer_ids=[0, 1, 2], draft_vocab_size=VOCAB).path
+    draft = write_tiny_eagle3_draft(
+        CACHE / "smollm2-shaped-4l-eagle3", target, init="early_exit", aux_layer_ids=[0, 1, 2], draft_vocab_size=VOCAB
+    ).path
     return target, draft
 
 
 def _serve(pair, verify: str, inputs):
     target, draft = pair
-    env = {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": str(K_MAX), "SGLANG_ECHO_VERIFY": verify,
-           "SGLANG_LOG_DECODE_GRAPH_KEY": "1"}
+    env = {
+        "SGLANG_ECHO_POLICY": "echo",
+        "SGLANG_ECHO_K_MAX": str(K_MAX),
+        "SGLANG_ECHO_VERIFY": verify,
+        "SGLANG_LOG_DECODE_GRAPH_KEY": "1",
+    }
     srv = launch_test_server(
-        INTEGRATION_PORTS, f"gpu-ragged-{verify}", model_path=target, spec="echo", draft_path=draft,
-        spec_options=SPEC, dtype="float32", enable_metrics=True, context_length=1024, skip_tokenizer_init=True,
-        attention_backend="echo_tree_triton", extra_env=tuple(sorted(env.items())),
-        extra_args=("--speculative-num-steps", str(SPEC.num_steps), "--speculative-eagle-topk", str(SPEC.eagle_topk),
-                    "--speculative-num-draft-tokens", str(SPEC.num_draft_tokens),
-                    "--speculative-draft-attention-backend", "triton"))
+        INTEGRATION_PORTS,
+        f"gpu-ragged-{verify}",
+        model_path=target,
+        spec="echo",
+        draft_path=draft,
+        spec_options=SPEC,
+        dtype="float32",
+        enable_metrics=True,
+        context_length=1024,
+        skip_tokenizer_init=True,
+        attention_backend="echo_tree_triton",
+        extra_env=tuple(sorted(env.items())),
+        extra_args=(
+            "--speculative-num-steps",
+            str(SPEC.num_steps),
+            "--speculative-eagle-topk",
+            str(SPEC.eagle_topk),
+            "--speculative-num-draft-tokens",
+            str(SPEC.num_draft_tokens),
+            "--speculative-draft-attention-backend",
+            "triton",
+        ),
+    )
     try:
-        body = {"input_ids": inputs, "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0,
-                                                         "ignore_eos": True}}
+        body = {
+            "input_ids": inputs,
+            "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0, "ignore_eos": True},
+        }
         r = requests.post(srv.base_url + "/generate", json=body, timeout=600)
         r.raise_for_status()
         return r.json(), scrape(srv.base_url), srv.log_path.read_text(errors="replace")
@@ -84,5 +108,7 @@ def test_ragged_tiers_equal_padded_acceptance(random_pair) -> None:
     assert sum(tiers) == r_m["echo_target_tokens_total"]
     assert r_m["echo_verified_tokens_total"] <= sum(tiers) < p_m["echo_target_tokens_total"]
     assert r_m["echo_verified_tokens_total"] == p_m["echo_verified_tokens_total"]
-    print(f"verified {r_m['echo_verified_tokens_total']:.0f} tokens; target tokens: ragged tiers {sum(tiers)} "
-          f"({sorted(set(tiers))}) vs padded {p_m['echo_target_tokens_total']:.0f}")
+    print(
+        f"verified {r_m['echo_verified_tokens_total']:.0f} tokens; target tokens: ragged tiers {sum(tiers)} "
+        f"({sorted(set(tiers))}) vs padded {p_m['echo_target_tokens_total']:.0f}"
+    )

@@ -63,10 +63,19 @@ class _Plan:
 def _batch(bs: int, width: int, plan=None):
     n = bs * width
     return SimpleNamespace(
-        batch_size=bs, input_ids=torch.arange(100, 100 + n), positions=torch.arange(n) % width + 50,
-        out_cache_loc=torch.arange(1000, 1000 + n), kv_loc_plan=plan, kv_loc_cols=None, input_embeds=None,
-        mrope_positions=None, origin_out_cache_loc=None, global_num_tokens_cpu=None,
-        global_num_token_non_padded=torch.tensor(n), global_num_token_non_padded_cpu=n, num_token_non_padded=None,
+        batch_size=bs,
+        input_ids=torch.arange(100, 100 + n),
+        positions=torch.arange(n) % width + 50,
+        out_cache_loc=torch.arange(1000, 1000 + n),
+        kv_loc_plan=plan,
+        kv_loc_cols=None,
+        input_embeds=None,
+        mrope_positions=None,
+        origin_out_cache_loc=None,
+        global_num_tokens_cpu=None,
+        global_num_token_non_padded=torch.tensor(n),
+        global_num_token_non_padded_cpu=n,
+        num_token_non_padded=None,
         spec_info=SimpleNamespace(draft_token_num=width, positions=torch.arange(n)),
     )
 
@@ -129,13 +138,19 @@ def test_compact_batch_refuses_what_it_cannot_compact() -> None:
 
 def test_outputs_scatter_back_to_dense_rows() -> None:
     rows = torch.tensor([0, 1, 4])
-    out = SimpleNamespace(next_token_logits=torch.tensor([[1.0], [2.0], [3.0]]),
-                          hidden_states=torch.ones(3, 2), hidden_states_before_norm=None)
+    out = SimpleNamespace(
+        next_token_logits=torch.tensor([[1.0], [2.0], [3.0]]),
+        hidden_states=torch.ones(3, 2),
+        hidden_states_before_norm=None,
+    )
     expand_outputs(out, rows, 6)
     assert out.next_token_logits[:, 0].tolist() == [1.0, 2.0, 0.0, 0.0, 3.0, 0.0]
     assert out.hidden_states.shape == (6, 2) and out.hidden_states[[2, 3, 5]].abs().sum() == 0
-    tier = SimpleNamespace(next_token_logits=torch.tensor([[1.0], [2.0], [3.0], [9.0], [9.0]]),
-                           hidden_states=torch.ones(5, 2), hidden_states_before_norm=None)
+    tier = SimpleNamespace(
+        next_token_logits=torch.tensor([[1.0], [2.0], [3.0], [9.0], [9.0]]),
+        hidden_states=torch.ones(5, 2),
+        hidden_states_before_norm=None,
+    )
     expand_outputs(tier, rows, 6, lanes=5)  # padding lanes 3, 4 are dropped
     assert tier.next_token_logits[:, 0].tolist() == [1.0, 2.0, 0.0, 0.0, 3.0, 0.0]
     assert tier.hidden_states.shape == (6, 2)
@@ -179,8 +194,9 @@ def test_the_hook_pads_to_the_runners_tier_and_scatters_back() -> None:
     def original(runner, batch):
         seen.append(batch)
         logits = batch.input_ids.float()[:, None]  # row t: its lane's token id
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=None,
-                                                             hidden_states_before_norm=None))
+        return SimpleNamespace(
+            logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=None, hidden_states_before_norm=None)
+        )
 
     for graphs, lanes in ((None, 8), (_Runner(), 14)):  # N = 8: eager, or tier 14
         runner = SimpleNamespace(kv_index_translator=None, decode_cuda_graph_runner=graphs)
@@ -213,8 +229,9 @@ def _backend_class():
 
 
 def _named(name: str, trees: bool, graphs: bool):
-    return SimpleNamespace(decode_attention_backend_str=name, supports_ragged_verify=trees,
-                           supports_ragged_verify_graph=graphs)
+    return SimpleNamespace(
+        decode_attention_backend_str=name, supports_ragged_verify=trees, supports_ragged_verify_graph=graphs
+    )
 
 
 def test_verify_mode_resolution(monkeypatch, caplog) -> None:
@@ -222,11 +239,15 @@ def test_verify_mode_resolution(monkeypatch, caplog) -> None:
     assert resolve_verify_mode("auto", EchoTorchAttnBackend) == "ragged"
     assert resolve_verify_mode("auto", object()) == "padded"
     assert resolve_verify_mode("padded", EchoTorchAttnBackend) == "padded"
-    with pytest.raises(ValueError, match=r"^ECHO verify=ragged: attention backend 'flashinfer' cannot verify ragged "
-                                         r"trees .*--attention-backend echo_tree_triton, or set verify=padded"):
+    with pytest.raises(
+        ValueError,
+        match=r"^ECHO verify=ragged: attention backend 'flashinfer' cannot verify ragged "
+        r"trees .*--attention-backend echo_tree_triton, or set verify=padded",
+    ):
         resolve_verify_mode("ragged", _named("flashinfer", False, False))
-    with pytest.raises(ValueError, match="'echo_torch' verifies ragged trees only without CUDA graphs; add "
-                                         "--disable-cuda-graph"):
+    with pytest.raises(
+        ValueError, match="'echo_torch' verifies ragged trees only without CUDA graphs; add --disable-cuda-graph"
+    ):
         resolve_verify_mode("ragged", _named("echo_torch", True, False), _Runner())
     tree = _named("echo_tree_triton", True, True)
     assert resolve_verify_mode("ragged", tree, _Runner()) == "ragged"
@@ -249,9 +270,15 @@ def test_ragged_graphs_are_asked_for_only_where_they_replay(monkeypatch) -> None
 
     from sglang_echo.integration.spec import EchoSpecAlgo
 
-    sa = SimpleNamespace(device="cuda", attention_backend="echo_tree_triton", decode_attention_backend=None,
-                         prefill_attention_backend=None, speculative_num_steps=None, speculative_eagle_topk=None,
-                         speculative_num_draft_tokens=None)
+    sa = SimpleNamespace(
+        device="cuda",
+        attention_backend="echo_tree_triton",
+        decode_attention_backend=None,
+        prefill_attention_backend=None,
+        speculative_num_steps=None,
+        speculative_eagle_topk=None,
+        speculative_num_draft_tokens=None,
+    )
     monkeypatch.setattr(rc, "get_server_args", lambda: sa)
     algo = SimpleNamespace(drafter="eagle3")
     assert EchoSpecAlgo.supports_ragged_verify(algo)
@@ -325,9 +352,10 @@ def test_backend_ragged_metadata_matches_padded_attention(seed: int) -> None:
 def test_with_ragged_graphs_every_verify_is_marked(monkeypatch) -> None:
     """Under compact graphs an unmarked TARGET_VERIFY would run eagerly: a step whose every tree
     fills its width is marked too (without graphs it is not: its dense layout is the ragged one)."""
-    from .test_plain_step import _batch as step_batch, _worker
-
     from sglang_echo.integration import worker
+
+    from .test_plain_step import _batch as step_batch
+    from .test_plain_step import _worker
 
     monkeypatch.setattr(worker, "prepare_for_draft", None)  # a plain step never reaches it
     for graphs in (False, True):
@@ -392,8 +420,10 @@ def _check_same_acceptance(ragged, padded) -> None:
     # Ragged: the target computed exactly the verified tokens; padded: B*W per step, more.
     assert r_m["echo_target_tokens_total"] == r_m["echo_verified_tokens_total"]
     assert p_m["echo_target_tokens_total"] > p_m["echo_verified_tokens_total"] == r_m["echo_verified_tokens_total"]
-    print(f"verified {r_m['echo_verified_tokens_total']:.0f} tokens; target forward tokens ragged "
-          f"{r_m['echo_target_tokens_total']:.0f} vs padded {p_m['echo_target_tokens_total']:.0f}")
+    print(
+        f"verified {r_m['echo_verified_tokens_total']:.0f} tokens; target forward tokens ragged "
+        f"{r_m['echo_target_tokens_total']:.0f} vs padded {p_m['echo_target_tokens_total']:.0f}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -413,12 +443,14 @@ def test_ragged_equals_padded_eagle3(smollm2_dir, batch_inputs) -> None:
 
     draft = stage_head(smollm2_dir)
     env = {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": str(K_MAX)}
-    _check_same_acceptance(_serve(smollm2_dir, draft, env, "ragged", batch_inputs),
-                           _serve(smollm2_dir, draft, env, "padded", batch_inputs))
+    _check_same_acceptance(
+        _serve(smollm2_dir, draft, env, "ragged", batch_inputs), _serve(smollm2_dir, draft, env, "padded", batch_inputs)
+    )
 
 
 @pytest.mark.server
 def test_ragged_equals_padded_ngram(smollm2_dir, batch_inputs) -> None:
     env = {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": str(K_MAX), "SGLANG_ECHO_DRAFTER": "ngram"}
-    _check_same_acceptance(_serve(smollm2_dir, None, env, "ragged", batch_inputs),
-                           _serve(smollm2_dir, None, env, "padded", batch_inputs))
+    _check_same_acceptance(
+        _serve(smollm2_dir, None, env, "ragged", batch_inputs), _serve(smollm2_dir, None, env, "padded", batch_inputs)
+    )

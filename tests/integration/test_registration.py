@@ -60,8 +60,13 @@ def test_registration_refuses_a_different_sglang(loaded, monkeypatch):
     from sglang_echo import plugin
     from sglang_echo.integration import compat
 
-    bad = compat.Hook("sglang.srt.speculative.spec_info", "SpeculativeAlgorithm.register",
-                      ("name", "supports_overlap", "renamed_arg"), "test", "register")
+    bad = compat.Hook(
+        "sglang.srt.speculative.spec_info",
+        "SpeculativeAlgorithm.register",
+        ("name", "supports_overlap", "renamed_arg"),
+        "test",
+        "register",
+    )
     monkeypatch.setattr(compat, "HOOKS", compat.HOOKS + (bad,))
     monkeypatch.delitem(spec_registry._REGISTRY, "ECHO")
     with pytest.raises(compat.EchoCompatError) as e:

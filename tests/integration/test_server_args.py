@@ -19,23 +19,44 @@ DFLASH = {"SGLANG_ECHO_DRAFTER": "dflash"}
 
 
 def _cases(model: Path, eagle3: Path, dart: Path, dflash: Path, tmp: Path) -> dict:
-    base = ["--model-path", str(model), "--device", "cpu", "--attention-backend", "echo_torch",
-            "--speculative-algorithm", "ECHO"]
+    base = [
+        "--model-path",
+        str(model),
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "echo_torch",
+        "--speculative-algorithm",
+        "ECHO",
+    ]
     draft = [*base, "--speculative-draft-model-path"]
     echo = [*draft, str(model)]
     return {
         # ECHO with an EAGLE-3 head: sglang's settings from ECHO's defaults, env and flags
         "defaults": {"argv": echo},
         "env": {"argv": echo, "env": {"SGLANG_ECHO_MAX_DEPTH": "3", "SGLANG_ECHO_W_MAX": "3"}},
-        "flags": {"argv": echo + ["--speculative-num-steps", "5", "--speculative-eagle-topk", "3",
-                                  "--max-running-requests", "8", "--enable-mixed-chunk"]},
+        "flags": {
+            "argv": echo
+            + [
+                "--speculative-num-steps",
+                "5",
+                "--speculative-eagle-topk",
+                "3",
+                "--max-running-requests",
+                "8",
+                "--enable-mixed-chunk",
+            ]
+        },
         "topk1": {"argv": echo + ["--speculative-eagle-topk", "1"]},
         "no_draft": {"argv": base},
         "calib": {"argv": echo, "env": {"SGLANG_ECHO_CALIBRATION": str(tmp / "missing.json")}},
         "policy": {"argv": echo, "env": {"SGLANG_ECHO_POLICY": "nope"}},
         # the n-gram drafter: no draft model
         "ngram_env": {"argv": base, "env": NGRAM},
-        "ngram_file": {"argv": base, "env": {"SGLANG_ECHO_CONFIG": json.dumps({"drafter": "ngram", "policy": "static-tree"})}},
+        "ngram_file": {
+            "argv": base,
+            "env": {"SGLANG_ECHO_CONFIG": json.dumps({"drafter": "ngram", "policy": "static-tree"})},
+        },
         "ngram_with_draft": {"argv": echo, "env": NGRAM},
         # heads of one drafter kind refused under another
         "dart": {"argv": draft + [str(dart)], "env": DART},
@@ -52,8 +73,13 @@ def resolved(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     from sglang_echo.models.drafts import SMOLLM2_DART, shipped_head, stage_head
 
     tmp = tmp_path_factory.mktemp("server-args")
-    cases = _cases(smollm2_dir, stage_head(smollm2_dir), stage_head(smollm2_dir, SMOLLM2_DART),
-                   shipped_head(smollm2_dir, "dflash"), tmp)
+    cases = _cases(
+        smollm2_dir,
+        stage_head(smollm2_dir),
+        stage_head(smollm2_dir, SMOLLM2_DART),
+        shipped_head(smollm2_dir, "dflash"),
+        tmp,
+    )
     return probe(cases, tmp)
 
 

@@ -10,11 +10,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_echo.integration import simulate
 from sglang_echo.core.policy import Frontier
 from sglang_echo.core.tree import Candidates
-from sglang_echo.integration.simulate import (ENV, FORCED_LOGIT, Simulation, SimulationError, force_tokens,
-                                              target_forward_hook, verify_sample_hook)
+from sglang_echo.integration import simulate
+from sglang_echo.integration.simulate import (
+    ENV,
+    FORCED_LOGIT,
+    Simulation,
+    SimulationError,
+    force_tokens,
+    target_forward_hook,
+    verify_sample_hook,
+)
 from sglang_echo.replay.trace import Trace, TraceMeta
 
 from ..conftest import INTEGRATION_PORTS
@@ -23,8 +30,14 @@ from ..replay.server_check import record_then_validate
 PROMPT, OUTPUT = [11, 12, 13], [21, 22, 23, 24, 25]
 # Every recorded tree (root o_s, s = 0, 1): the true child o_{s+1} (expanded: o_{s+2} and a wrong
 # one) and a wrong sibling, with their drafter log-probabilities, in BFS order.
-TREE = {"parent": [-1, 0, 0, 1, 1], "depth": [0, 1, 1, 2, 2], "logprob": [0.0, -0.1, -2.0, -0.2, -2.5],
-        "first_child": [1, 3, -1, -1, -1], "n_kept": [2, 2, 0, 0, 0], "n_avail": [2, 2, -1, -1, -1]}
+TREE = {
+    "parent": [-1, 0, 0, 1, 1],
+    "depth": [0, 1, 1, 2, 2],
+    "logprob": [0.0, -0.1, -2.0, -0.2, -2.5],
+    "first_child": [1, 3, -1, -1, -1],
+    "n_kept": [2, 2, 0, 0, 0],
+    "n_avail": [2, 2, -1, -1, -1],
+}
 
 
 def _tokens(s):
@@ -33,14 +46,30 @@ def _tokens(s):
 
 def _save_trace(path, *, vocab_size=None):
     """One stream (prompt 11 12 13, continuation 21 .. 25), a depth-2 tree at o_0 and o_1."""
-    meta = TraceMeta(drafter="eagle3", target="/models/SmolLM2", max_new=3, depth=2, width=2, beams=[1],
-                     max_nodes=5, vocab_size=vocab_size)
+    meta = TraceMeta(
+        drafter="eagle3",
+        target="/models/SmolLM2",
+        max_new=3,
+        depth=2,
+        width=2,
+        beams=[1],
+        max_nodes=5,
+        vocab_size=vocab_size,
+    )
     n, T = len(TREE["parent"]), 2
     i64 = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
     nodes = {k: (torch.tensor(v * T) if k == "logprob" else i64(v * T)) for k, v in TREE.items()}
-    Trace(meta=meta, prompt_indptr=i64([0, 3]), prompt_tokens=i64(PROMPT), output_indptr=i64([0, len(OUTPUT)]),
-          output_tokens=i64(OUTPUT), tree_indptr=i64([0, T]), node_indptr=i64([0, n, 2 * n]),
-          token=i64(_tokens(0) + _tokens(1)), **nodes).save(path)
+    Trace(
+        meta=meta,
+        prompt_indptr=i64([0, 3]),
+        prompt_tokens=i64(PROMPT),
+        output_indptr=i64([0, len(OUTPUT)]),
+        output_tokens=i64(OUTPUT),
+        tree_indptr=i64([0, T]),
+        node_indptr=i64([0, n, 2 * n]),
+        token=i64(_tokens(0) + _tokens(1)),
+        **nodes,
+    ).save(path)
     return path
 
 
@@ -68,16 +97,21 @@ def test_the_variable_registers_both_hooks(monkeypatch, trace_stem):
     monkeypatch.setenv(ENV, str(trace_stem))
     hooks = []
     simulate.register(SimpleNamespace(register=lambda *a: hooks.append(a)), "around")
-    assert [(t, h) for t, h, _ in hooks] == [(simulate.VERIFY_SAMPLE, verify_sample_hook),
-                                            (simulate.TARGET_FORWARD, target_forward_hook)]
+    assert [(t, h) for t, h, _ in hooks] == [
+        (simulate.VERIFY_SAMPLE, verify_sample_hook),
+        (simulate.TARGET_FORWARD, target_forward_hook),
+    ]
 
 
-@pytest.mark.parametrize("case, match", [
-    ("missing", "no trace there"),
-    ("garbage", "not a readable trace"),
-    ("vocab", r"vocabulary \(100 ids\) is larger than this target's \(50\)"),
-    ("drafter", "SGLANG_ECHO_DRAFTER=eagle3"),
-])
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("missing", "no trace there"),
+        ("garbage", "not a readable trace"),
+        ("vocab", r"vocabulary \(100 ids\) is larger than this target's \(50\)"),
+        ("drafter", "SGLANG_ECHO_DRAFTER=eagle3"),
+    ],
+)
 def test_start_up_refusals_name_the_setting(case, match, tmp_path, trace_stem, monkeypatch):
     stem, drafter, vocab = trace_stem, "eagle3", 100
     if case == "missing":
@@ -104,9 +138,11 @@ def test_an_old_trace_needs_its_largest_id(tmp_path, monkeypatch):
 
 
 def _batch(reqs, seq_lens, mode="decode"):
-    return SimpleNamespace(reqs=reqs, seq_lens=torch.tensor(seq_lens),
-                           forward_mode=SimpleNamespace(is_idle=lambda: mode == "idle",
-                                                        is_extend=lambda: mode == "extend"))
+    return SimpleNamespace(
+        reqs=reqs,
+        seq_lens=torch.tensor(seq_lens),
+        forward_mode=SimpleNamespace(is_idle=lambda: mode == "idle", is_extend=lambda: mode == "extend"),
+    )
 
 
 def _req(ids, rid="r"):
@@ -168,13 +204,23 @@ class DeviceJunk:
         B, F = frontier.slots.shape
         self.forwards += 1
         dev = self.device
-        return Candidates(tokens=torch.full((B, F * k), 7, device=dev), logprob=torch.zeros(B, F * k, device=dev),
-                          parent=torch.arange(F, device=dev).repeat_interleave(k).expand(B, F * k).contiguous(),
-                          valid=torch.ones(B, F * k, dtype=torch.bool, device=dev))
+        return Candidates(
+            tokens=torch.full((B, F * k), 7, device=dev),
+            logprob=torch.zeros(B, F * k, device=dev),
+            parent=torch.arange(F, device=dev).repeat_interleave(k).expand(B, F * k).contiguous(),
+            valid=torch.ones(B, F * k, dtype=torch.bool, device=dev),
+        )
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+        ),
+    ],
+)
 def test_a_step_of_the_simulation_on_the_device(device, tmp_path):
     """A request at root o_1 and a stranger: the overlay serves the recorded children (the running
     drafter still runs), the forced logits make the trace's tokens the argmax; on a GPU without one
@@ -184,9 +230,14 @@ def test_a_step_of_the_simulation_on_the_device(device, tmp_path):
     reqs = [_req(PROMPT), _req([1, 2], "stranger")]
     batch = SimpleNamespace(reqs=reqs, seq_lens=torch.tensor([4, 2], device=dev))
     roots = torch.tensor([OUTPUT[1], 5], device=dev)
-    frontier = Frontier(depth=0, slots=torch.zeros(2, 1, dtype=torch.int64, device=dev),
-                        source=torch.full((2, 1), -1, device=dev), tokens=roots[:, None],
-                        path_score=torch.zeros(2, 1, device=dev), active=torch.ones(2, dtype=torch.bool, device=dev))
+    frontier = Frontier(
+        depth=0,
+        slots=torch.zeros(2, 1, dtype=torch.int64, device=dev),
+        source=torch.full((2, 1), -1, device=dev),
+        tokens=roots[:, None],
+        path_score=torch.zeros(2, 1, device=dev),
+        active=torch.ones(2, dtype=torch.bool, device=dev),
+    )
     positions = torch.tensor([[4, 5, 5], [2, 3, 3]], device=dev)
     logits = torch.randn(6, 100, device=dev)
     real = DeviceJunk(dev)
@@ -216,9 +267,22 @@ def test_a_simulated_server_on_random_weights_accepts_what_smollm2_accepted(tmp_
     tree-size histograms equal the replay's. Random weights accept nothing of their own, so only
     a faithful simulation passes."""
     rows = record_then_validate(
-        tmp_path, INTEGRATION_PORTS,
+        tmp_path,
+        INTEGRATION_PORTS,
         ["--drafter", "eagle3", "--max-new-tokens", "24", "--depth", "4", "--width", "2", "--beams", "1,2"],
-        ["--policies", "echo", "--k-max", "8", "--max-depth", "4", "--w-max", "2", "--simulate", "--load-format",
-         "dummy"])
+        [
+            "--policies",
+            "echo",
+            "--k-max",
+            "8",
+            "--max-depth",
+            "4",
+            "--w-max",
+            "2",
+            "--simulate",
+            "--load-format",
+            "dummy",
+        ],
+    )
     assert len(rows) == 1 and rows[0]["simulated"] and rows[0]["exact"] and rows[0]["requests"] == 2
     assert rows[0]["steps"] < 2 * 23  # drafts were accepted: fewer steps than tokens

@@ -28,14 +28,32 @@ def empty_request_trees(trees: DraftTrees, where: list[int]) -> DraftTrees:
     for i in sorted(where, reverse=True):
         sizes.insert(min(i, len(sizes)), 0)
     indptr = torch.tensor([0] + sizes).cumsum(0)
-    return DraftTrees(indptr=indptr, tokens=trees.tokens, parents=trees.parents, depth=trees.depth,
-                      logprob=trees.logprob, path_score=trees.path_score, drafter=trees.drafter,
-                      proposal=trees.proposal)
+    return DraftTrees(
+        indptr=indptr,
+        tokens=trees.tokens,
+        parents=trees.parents,
+        depth=trees.depth,
+        logprob=trees.logprob,
+        path_score=trees.path_score,
+        drafter=trees.drafter,
+        proposal=trees.proposal,
+    )
 
 
-def make_case(seed: int, batch: int, max_nodes: int, max_prefix: int, hq: int, hkv: int, d: int,
-              dtype: torch.dtype = torch.float32, device: str = "cpu", min_prefix: int = 0,
-              empty_requests: int = 0, width: int | None = None) -> Case:
+def make_case(
+    seed: int,
+    batch: int,
+    max_nodes: int,
+    max_prefix: int,
+    hq: int,
+    hkv: int,
+    d: int,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    min_prefix: int = 0,
+    empty_requests: int = 0,
+    width: int | None = None,
+) -> Case:
     """Random ragged trees over a shuffled slot-indexed cache (prefix and tree slots interleaved)."""
     rng = random.Random(seed)
     trees = random_trees(rng, batch, max_nodes, vocab=50)
@@ -54,16 +72,18 @@ def make_case(seed: int, batch: int, max_nodes: int, max_prefix: int, hq: int, h
     k_cache = torch.randn(s, hkv, d, generator=g)
     v_cache = torch.randn(s, hkv, d, generator=g)
     return Case(
-        trees=trees, prefix_lens=prefix,
-        q=q.to(device=device, dtype=dtype), k_cache=k_cache.to(device=device, dtype=dtype),
+        trees=trees,
+        prefix_lens=prefix,
+        q=q.to(device=device, dtype=dtype),
+        k_cache=k_cache.to(device=device, dtype=dtype),
         v_cache=v_cache.to(device=device, dtype=dtype),
         qo_indptr=packed.qo_indptr.to(device=device, dtype=torch.int32),
         kv_indptr=kv_indptr.to(device),
         kv_indices=slots[: sum(prefix)].to(device=device, dtype=torch.int32),
-        tree_slots=slots[sum(prefix):].to(device=device, dtype=torch.int32),
+        tree_slots=slots[sum(prefix) :].to(device=device, dtype=torch.int32),
         packed_mask=packed.packed_mask.to(device),
         positions=packed.positions.to(device),
-        sm_scale=d ** -0.5,
+        sm_scale=d**-0.5,
     )
 
 
@@ -80,7 +100,7 @@ def naive_attention(case: Case) -> Tensor:
     for i in range(case.trees.batch_size):
         lo, hi = indptr[i], indptr[i + 1]
         p = case.prefix_lens[i]
-        slots = torch.cat([kv_indices[kv_off: kv_off + p], tree_slots[lo:hi]])
+        slots = torch.cat([kv_indices[kv_off : kv_off + p], tree_slots[lo:hi]])
         kv_off += p
         if hi == lo:
             continue

@@ -22,8 +22,18 @@ from sglang_echo.kernels.control import elastic, layout
 from sglang_echo.kernels.control.tiles import block
 
 FLOAT = {"cand_logprob", "pool_logprob", "pool_score", "trunc_conf", "out_score"}
-BOOL = {"cand_valid", "pool_valid", "pool_keep", "active", "truncated", "out_active", "out_mask", "out_valid",
-        "tree_mask", "valid"}
+BOOL = {
+    "cand_valid",
+    "pool_valid",
+    "pool_keep",
+    "active",
+    "truncated",
+    "out_active",
+    "out_mask",
+    "out_valid",
+    "tree_mask",
+    "valid",
+}
 INT = {"stride_c", "stride_f", "F", "stride_p", "stride_t", "B", "C", "start", "depth", "P", "W"}
 INT32 = {"out_sizes"}
 
@@ -71,16 +81,26 @@ def usage(kernel, constexprs: dict, num_warps: int) -> str:
 def main() -> None:
     rows = {}
     for batch, w_def, gated in ((64, 1, True), (256, 1, True), (256, 2, False)):
-        cx = dict(GATED=gated, HAS_DRAFTER=True, HAS_PROPOSAL=True, W_DEF=w_def, W_MAX=4, BLOCK_B=block(batch),
-                  BLOCK_C=block(w_def * 4), CHUNK_B=elastic.CHUNK, LIBDEVICE=True)
+        cx = dict(
+            GATED=gated,
+            HAS_DRAFTER=True,
+            HAS_PROPOSAL=True,
+            W_DEF=w_def,
+            W_MAX=4,
+            BLOCK_B=block(batch),
+            BLOCK_C=block(w_def * 4),
+            CHUNK_B=elastic.CHUNK,
+            LIBDEVICE=True,
+        )
         label = f"depth B={batch} W_def={w_def} gated={gated}"
         rows[label] = usage(elastic._elastic_depth_kernel, cx, elastic._warps(batch))
     for batch in (64, 256):
         cx = dict(W_MAX=3, BLOCK_W=4, BLOCK_B=block(batch), CHUNK_B=elastic.CHUNK)
         rows[f"select B={batch}"] = usage(elastic._elastic_select_kernel, cx, elastic._warps(batch))
     for pool, width in ((33, 13), (129, 27)):  # ECHO's pools and widths at W = 1/4 and 2/8, depth 8
-        rows[f"pad_pool P={pool} W={width}"] = usage(layout._pad_pool_kernel, dict(
-            BLOCK_P=block(pool), BLOCK_W=block(width)), layout._warps(width))
+        rows[f"pad_pool P={pool} W={width}"] = usage(
+            layout._pad_pool_kernel, dict(BLOCK_P=block(pool), BLOCK_W=block(width)), layout._warps(width)
+        )
         rows[f"dense W={width}"] = usage(layout._dense_kernel, dict(BLOCK_W=block(width)), layout._warps(width))
     json.dump(dict(usage=rows, narrow=narrow_conversions(), triton=triton.__version__), sys.stdout, indent=1)
 

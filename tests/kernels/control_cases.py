@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from sglang_echo.core.pack import PaddedTrees
 from sglang_echo.core.dense import DenseVerifyTensors
+from sglang_echo.core.pack import PaddedTrees
 
 POISON_INT = -777_777  # no slot, token, depth, position or link is ever this
 POISON_BYTE = 0x5A  # neither False (0) nor True (1) as a bool's byte
@@ -49,17 +49,30 @@ def same(a: Tensor, b: Tensor) -> bool:
 
 def padded_buffers(B: int, W: int, device) -> PaddedTrees:
     empty = lambda *s, dtype=torch.int64: poison_(torch.empty(*s, dtype=dtype, device=device))  # noqa: E731
-    return PaddedTrees(tokens=empty(B, W), parents=empty(B, W), depth=empty(B, W), positions=empty(B, W),
-                       mask=empty(B, W, W, dtype=torch.bool), valid=empty(B, W, dtype=torch.bool))
+    return PaddedTrees(
+        tokens=empty(B, W),
+        parents=empty(B, W),
+        depth=empty(B, W),
+        positions=empty(B, W),
+        mask=empty(B, W, W, dtype=torch.bool),
+        valid=empty(B, W, dtype=torch.bool),
+    )
 
 
 def dense_buffers(B: int, W: int, device) -> DenseVerifyTensors:
     empty = lambda *s, dtype=torch.int64: poison_(torch.empty(*s, dtype=dtype, device=device))  # noqa: E731
     tree_mask = empty(B, W, W, dtype=torch.bool)
-    return DenseVerifyTensors(draft_token=empty(B * W), positions=empty(B * W), custom_mask=tree_mask.view(-1),
-                              retrieve_index=empty(B, W), retrieve_next_token=empty(B, W),
-                              retrieve_next_sibling=empty(B, W), tree_mask=tree_mask,
-                              valid=empty(B, W, dtype=torch.bool), sizes=empty(B, dtype=torch.int32))
+    return DenseVerifyTensors(
+        draft_token=empty(B * W),
+        positions=empty(B * W),
+        custom_mask=tree_mask.view(-1),
+        retrieve_index=empty(B, W),
+        retrieve_next_token=empty(B, W),
+        retrieve_next_sibling=empty(B, W),
+        tree_mask=tree_mask,
+        valid=empty(B, W, dtype=torch.bool),
+        sizes=empty(B, dtype=torch.int32),
+    )
 
 
 def assert_same_fields(out, ref, cls) -> None:
@@ -83,10 +96,11 @@ def random_pool(batch: int, size: int, seed: int, device="cpu") -> SimpleNamespa
     keep[:, 0] = True
     for p in range(1, P):  # a pool is at most a few hundred slots: a loop over them is fine here
         parent[:, p] = torch.randint(0, p, (B,), generator=g)
-        up = parent[:, p:p + 1]
+        up = parent[:, p : p + 1]
         depth[:, p] = depth.gather(1, up)[:, 0] + 1
         keep[:, p] = valid[:, p] & coin[:, p] & keep.gather(1, up)[:, 0]
     tokens = torch.randint(0, 3000, (B, P), generator=g)
     to = lambda t: t.to(device)  # noqa: E731
-    return SimpleNamespace(batch_size=B, size=P, tokens=to(tokens), parent=to(parent), depth=to(depth),
-                           valid=to(valid), keep=to(keep))
+    return SimpleNamespace(
+        batch_size=B, size=P, tokens=to(tokens), parent=to(parent), depth=to(depth), valid=to(valid), keep=to(keep)
+    )

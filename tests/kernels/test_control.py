@@ -18,13 +18,12 @@ import pytest
 import torch
 
 from sglang_echo.core import PolicyConfig, build_trees, make_policy
-from sglang_echo.core.factory import max_tree_size
+from sglang_echo.core.dense import DenseVerifyTensors, dense_from_padded, to_sglang_dense
+from sglang_echo.core.factory import ELASTIC_POLICIES, POLICIES, max_tree_size
 from sglang_echo.core.graphs import GraphedTreeBuilder
-from sglang_echo.core.factory import ELASTIC_POLICIES, POLICIES
 from sglang_echo.core.pack import pad_pool
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
 from sglang_echo.core.tree import DraftTrees
-from sglang_echo.core.dense import DenseVerifyTensors, dense_from_padded, to_sglang_dense
 from sglang_echo.kernels.control import TRITON, layout
 
 from .control_cases import poison_, poisoned_empty, same
@@ -65,8 +64,9 @@ def build(name, cfg, drafter, roots, kernel, k_max=None):
     seen = []  # every frontier the drafter is handed (the kernel writes its tokens and path scores)
     propose = drafter.propose
     drafter.propose = lambda frontier, k: seen.append(frontier) or propose(frontier, k)
-    trees, state = build_trees(make_policy(name, replace(cfg, control_kernel=kernel), fused=TRITON), drafter, roots,
-                               k_max)
+    trees, state = build_trees(
+        make_policy(name, replace(cfg, control_kernel=kernel), fused=TRITON), drafter, roots, k_max
+    )
     state.extra["frontiers"] = seen
     return trees, state
 
@@ -91,14 +91,17 @@ def roots_for(batch, seed, device=DEVICE):
 
 
 @pytest.mark.parametrize("name", ELASTIC_POLICIES)
-@pytest.mark.parametrize("batch, k_per_request, w_def, w_max", [
-    (24, 5, 1, 4),   # some requests truncated and widened
-    (70, 3, 2, 4),   # more rows than one chunk of the grant sum, not a power of two, W_def = 2
-    (16, 9, 2, 8),   # a loose budget: depth everywhere, wide widening
-    (10, 0.5, 1, 4),  # K_max < B: plain decoding, nothing drafted
-    (1, 6, 1, 4),    # one request
-    (12, 4, 1, 3),   # W_max not a power of two
-])
+@pytest.mark.parametrize(
+    "batch, k_per_request, w_def, w_max",
+    [
+        (24, 5, 1, 4),  # some requests truncated and widened
+        (70, 3, 2, 4),  # more rows than one chunk of the grant sum, not a power of two, W_def = 2
+        (16, 9, 2, 8),  # a loose budget: depth everywhere, wide widening
+        (10, 0.5, 1, 4),  # K_max < B: plain decoding, nothing drafted
+        (1, 6, 1, 4),  # one request
+        (12, 4, 1, 3),  # W_max not a power of two
+    ],
+)
 @pytest.mark.parametrize("drafter", [SyntheticDrafter, Coarse])
 def test_fused_policy_equals_eager(name, batch, k_per_request, w_def, w_max, drafter):
     cfg = PolicyConfig(k_max=max(int(k_per_request * batch), 1), max_depth=6, w_def=w_def, w_max=w_max)
@@ -142,8 +145,10 @@ def test_per_step_cap_and_sampled_fallback():
     world = SyntheticWorld(batch, vocab=VOCAB, seed=3, device=DEVICE)
     roots = roots_for(batch, 0)
     for cap in (batch, 2 * batch, 4 * batch):  # a cost model's per-step cap below the policy's
-        assert_same_step(build("echo", cfg, Coarse(world), roots, "torch", cap),
-                         build("echo", cfg, Coarse(world), roots, "triton", cap))
+        assert_same_step(
+            build("echo", cfg, Coarse(world), roots, "torch", cap),
+            build("echo", cfg, Coarse(world), roots, "triton", cap),
+        )
     eager = build("echo", cfg, Sampled(world), roots, "torch")
     fused = build("echo", cfg, Sampled(world), roots, "triton")  # eager depths on the preallocated pool
     assert_same_step(eager, fused)
@@ -177,8 +182,16 @@ def test_graphed_builder_runs_the_kernels():
     cfg = PolicyConfig(k_max=4 * batch, max_depth=6, control_kernel="triton")
     world = SyntheticWorld(batch, vocab=VOCAB, seed=4, device=DEVICE)
     width = max_tree_size("echo", cfg)
-    fused = GraphedTreeBuilder(make_policy("echo", cfg, fused=TRITON), Coarse(world), batch, width, DEVICE, graphs=False,
-                               pad=layout.pad_pool, finish=layout.dense_from_padded)
+    fused = GraphedTreeBuilder(
+        make_policy("echo", cfg, fused=TRITON),
+        Coarse(world),
+        batch,
+        width,
+        DEVICE,
+        graphs=False,
+        pad=layout.pad_pool,
+        finish=layout.dense_from_padded,
+    )
     for seed in range(3):
         roots = roots_for(batch, seed)
         prefix = torch.randint(1, 500, (batch,), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
@@ -206,8 +219,15 @@ def test_cuda_graphs_of_the_kernels_equal_eager(name, batch, w_def, w_max, monke
     world = SyntheticWorld(batch, vocab=VOCAB, seed=5, device="cuda")
     width = max_tree_size(name, cfg)
     with poisoned_empty(monkeypatch):
-        graphed = GraphedTreeBuilder(make_policy(name, replace(cfg, control_kernel="triton"), fused=TRITON), Coarse(world), batch,
-                                     width, "cuda", pad=layout.pad_pool, finish=layout.dense_from_padded)
+        graphed = GraphedTreeBuilder(
+            make_policy(name, replace(cfg, control_kernel="triton"), fused=TRITON),
+            Coarse(world),
+            batch,
+            width,
+            "cuda",
+            pad=layout.pad_pool,
+            finish=layout.dense_from_padded,
+        )
         for seed in range(5):  # the first call captures, the rest replay
             roots = roots_for(batch, seed, "cuda")
             prefix = torch.randint(1, 500, (batch,), device="cuda")
@@ -254,9 +274,12 @@ def test_real_model_with_the_kernels_is_lossless_and_drafts_the_same(smollm2_dir
     prompts = load_prompt_ids("chat", 4, tokenizer, 48)
     cfg = PolicyConfig(k_max=12, max_depth=6, w_def=1, w_max=4)  # 3 draft tokens a request: gates bind
     ar = autoregressive_generate(target, prompts, 16)
-    runs = [speculative_generate(target, drafter, make_policy("echo", replace(cfg, control_kernel=k), fused=TRITON),
-                                 prompts, 16)
-            for k in ("torch", "triton")]
+    runs = [
+        speculative_generate(
+            target, drafter, make_policy("echo", replace(cfg, control_kernel=k), fused=TRITON), prompts, 16
+        )
+        for k in ("torch", "triton")
+    ]
     for res in runs:
         assert res.tokens == ar.tokens
     assert runs[0].steps == runs[1].steps and runs[0].verified == runs[1].verified and runs[0].mat > 1.0

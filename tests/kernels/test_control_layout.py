@@ -11,8 +11,8 @@ import itertools
 import pytest
 import torch
 
-from sglang_echo.core.pack import PaddedTrees, pad_pool
 from sglang_echo.core.dense import DenseVerifyTensors, dense_from_padded
+from sglang_echo.core.pack import PaddedTrees, pad_pool
 from sglang_echo.kernels.control import layout
 
 from .control_cases import assert_same_fields, dense_buffers, padded_buffers, poison_, random_pool
@@ -69,6 +69,7 @@ def test_layout_kernels_replayed_as_cuda_graphs(pool_size, width):
     static = random_pool(B, pool_size, 0, "cuda")
     prefix = prefix_for(B, 0, "cuda")
     padded, dense = padded_buffers(B, width, "cuda"), dense_buffers(B, width, "cuda")
+
     def run():
         layout.dense_from_padded(layout.pad_pool(static, prefix, width, out=padded), prefix, out=dense)
 

@@ -13,17 +13,18 @@ from .cases import make_case, naive_attention
 
 def test_layout_reproduces_the_attention():
     case = make_case(0, 4, 10, 20, 4, 2, 16, empty_requests=1)
-    indptr, indices, mask = flashinfer_layout(case.qo_indptr, case.kv_indptr, case.kv_indices, case.tree_slots,
-                                              case.packed_mask)
+    indptr, indices, mask = flashinfer_layout(
+        case.qo_indptr, case.kv_indptr, case.kv_indices, case.tree_slots, case.packed_mask
+    )
     # Emulate FlashInfer: per request, keys = pages, mask rows K_i x (P_i + K_i) row-major.
     out = torch.zeros_like(case.q, dtype=torch.float64)
     g = case.q.shape[1] // case.k_cache.shape[1]
     m_off = 0
     for i in range(case.qo_indptr.numel() - 1):
         lo, hi = int(case.qo_indptr[i]), int(case.qo_indptr[i + 1])
-        pages = indices[int(indptr[i]): int(indptr[i + 1])].long()
+        pages = indices[int(indptr[i]) : int(indptr[i + 1])].long()
         rows, cols = hi - lo, pages.numel()
-        vis = mask[m_off: m_off + rows * cols].view(rows, cols)
+        vis = mask[m_off : m_off + rows * cols].view(rows, cols)
         m_off += rows * cols
         if rows == 0:
             continue

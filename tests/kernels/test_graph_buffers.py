@@ -17,9 +17,18 @@ from .cases import make_case
 
 
 def _buffers(hq: int, d: int, splits: int = 1) -> TreeVerifyGraphBuffers:
-    return TreeVerifyGraphBuffers(max_batch=6, max_width=40, kv_capacity=256, num_heads=hq, head_dim=d,
-                                  device="cpu", buckets=(8, 16, 32, 64), block_m=8, pad_chunk=8,
-                                  num_splits={32: splits, 64: splits})
+    return TreeVerifyGraphBuffers(
+        max_batch=6,
+        max_width=40,
+        kv_capacity=256,
+        num_heads=hq,
+        head_dim=d,
+        device="cpu",
+        buckets=(8, 16, 32, 64),
+        block_m=8,
+        pad_chunk=8,
+        num_splits={32: splits, 64: splits},
+    )
 
 
 @pytest.mark.parametrize("seed,splits", [(0, 1), (1, 3)])
@@ -27,14 +36,14 @@ def test_padding_does_not_change_outputs(seed, splits):
     case = make_case(seed, 4, 9, 30, 4, 2, 16, min_prefix=1, empty_requests=1)
     bufs = _buffers(4, 16, splits)
     n = case.q.shape[0]
-    view = bufs.load(case.qo_indptr, case.kv_indptr, case.kv_indices, case.tree_slots, case.packed_mask,
-                     case.positions)
+    view = bufs.load(case.qo_indptr, case.kv_indptr, case.kv_indices, case.tree_slots, case.packed_mask, case.positions)
     assert view.bucket == bufs.bucket_for(n) and view.bucket >= n
     q = torch.randn(view.bucket, 4, 16)  # padding rows hold garbage queries on purpose
     q[:n] = case.q
     want = tree_attention_triton(*case.args())
-    out = tree_attention_triton(q, case.k_cache, case.v_cache, *view.args(), case.sm_scale,
-                                plan=view.plan, workspace=view.workspace)
+    out = tree_attention_triton(
+        q, case.k_cache, case.v_cache, *view.args(), case.sm_scale, plan=view.plan, workspace=view.workspace
+    )
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out[:n], want, atol=1e-6, rtol=1e-6)
     assert (out[n:] == 0).all()
@@ -48,8 +57,9 @@ def test_changing_mixes_reuse_the_same_views():
     views = []
     for seed in range(3):  # different tree mixes landing in buckets; the views stay fixed-shape
         case = make_case(10 + seed, 3, 6, 12, 2, 1, 16)
-        v = bufs.load(case.qo_indptr, case.kv_indptr, case.kv_indices, case.tree_slots, case.packed_mask,
-                      case.positions)
+        v = bufs.load(
+            case.qo_indptr, case.kv_indptr, case.kv_indices, case.tree_slots, case.packed_mask, case.positions
+        )
         assert v.qo_indptr.numel() == bufs.requests_for(v.bucket) + 1
         assert int(v.qo_indptr[-1]) == v.bucket  # every row belongs to a request
         views.append((v.bucket, v.qo_indptr.data_ptr(), v.plan.block_req.data_ptr()))
@@ -62,8 +72,7 @@ def test_limits_are_checked():
         bufs.bucket_for(65)
     case = make_case(20, 7, 2, 3, 2, 1, 16)  # 7 requests > max_batch 6
     with pytest.raises(ValueError):
-        bufs.load(case.qo_indptr, case.kv_indptr, case.kv_indices, case.tree_slots, case.packed_mask,
-                  case.positions)
+        bufs.load(case.qo_indptr, case.kv_indptr, case.kv_indices, case.tree_slots, case.packed_mask, case.positions)
 
 
 def test_documented_padding_cost():

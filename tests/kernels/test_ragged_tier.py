@@ -82,8 +82,17 @@ def _eager(case: Case, lens, rows, width):
 
 
 def _buffers(width: int, top: int = 64) -> TreeVerifyGraphBuffers:
-    return TreeVerifyGraphBuffers(max_batch=8, max_width=width, kv_capacity=0, num_heads=HQ, head_dim=D,
-                                  device="cpu", buckets=(top,), block_m=BLOCK_M, pad_chunk=PAD_CHUNK)
+    return TreeVerifyGraphBuffers(
+        max_batch=8,
+        max_width=width,
+        kv_capacity=0,
+        num_heads=HQ,
+        head_dim=D,
+        device="cpu",
+        buckets=(top,),
+        block_m=BLOCK_M,
+        pad_chunk=PAD_CHUNK,
+    )
 
 
 def _graph(bufs, case: Case, lens, rows, width, tier: int, slots: int):
@@ -92,7 +101,7 @@ def _graph(bufs, case: Case, lens, rows, width, tier: int, slots: int):
     b = lens.numel()
     view = bufs.view(tier, slots)
     view.kv_indptr[: b + 1] = case.kv_indptr
-    view.kv_indptr[b + 1: slots + 1] = case.kv_indptr[-1] + torch.arange(1, slots - b + 1)
+    view.kv_indptr[b + 1 : slots + 1] = case.kv_indptr[-1] + torch.arange(1, slots - b + 1)
     return bufs.load_tier(tier, slots, lens, width, rows, case.kv_indices)
 
 
@@ -124,11 +133,31 @@ def test_attention_over_a_tier_is_the_oracle_on_real_rows_and_zero_on_padding(se
     q[:n] = case.q
     slots = torch.zeros(tier, dtype=torch.int32)  # padding lanes write (and would read) the sink, slot 0
     slots[:n] = case.tree_slots
-    out = tree_attention_triton(q, case.k_cache, case.v_cache, graph.qo_indptr, graph.kv_indptr, graph.kv_indices,
-                                slots, graph.packed_mask, case.sm_scale, plan=graph.plan)
+    out = tree_attention_triton(
+        q,
+        case.k_cache,
+        case.v_cache,
+        graph.qo_indptr,
+        graph.kv_indptr,
+        graph.kv_indices,
+        slots,
+        graph.packed_mask,
+        case.sm_scale,
+        plan=graph.plan,
+    )
     eager = _eager(case, lens, rows, width)
-    want = tree_attention_triton(case.q, case.k_cache, case.v_cache, eager.qo_indptr, eager.kv_indptr,
-                                 eager.kv_indices, case.tree_slots, eager.packed_mask, case.sm_scale, plan=eager.plan)
+    want = tree_attention_triton(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        eager.qo_indptr,
+        eager.kv_indptr,
+        eager.kv_indices,
+        case.tree_slots,
+        eager.packed_mask,
+        case.sm_scale,
+        plan=eager.plan,
+    )
     assert torch.isfinite(out).all() and (out[n:] == 0).all()
     torch.testing.assert_close(out[:n].double(), naive_attention(case), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[:n], want, atol=1e-6, rtol=1e-6)
@@ -145,13 +174,26 @@ def test_a_capture_and_every_replay_use_the_same_storage():
     view.kv_indptr[: slots + 1] = torch.arange(slots + 1)  # sglang's fill: one token per slot
     capture = bufs.load_tier(tier, slots, torch.zeros(0, dtype=torch.int32), width, None, kv_indices)
     assert capture.qo_indptr[: slots + 1].eq(0).all() and not capture.packed_mask.any()
-    out = tree_attention_triton(torch.randn(tier, HQ, D), case.k_cache, case.v_cache, capture.qo_indptr,
-                                capture.kv_indptr, capture.kv_indices, torch.zeros(tier, dtype=torch.int32),
-                                capture.packed_mask, 0.25, plan=capture.plan)
+    out = tree_attention_triton(
+        torch.randn(tier, HQ, D),
+        case.k_cache,
+        case.v_cache,
+        capture.qo_indptr,
+        capture.kv_indptr,
+        capture.kv_indices,
+        torch.zeros(tier, dtype=torch.int32),
+        capture.packed_mask,
+        0.25,
+        plan=capture.plan,
+    )
     assert (out == 0).all()
     replay = _graph(bufs, case, lens, rows, width, tier, slots)
-    for a, b in ((capture.qo_indptr, replay.qo_indptr), (capture.kv_indptr, replay.kv_indptr),
-                 (capture.packed_mask, replay.packed_mask), (capture.plan.block_req, replay.plan.block_req)):
+    for a, b in (
+        (capture.qo_indptr, replay.qo_indptr),
+        (capture.kv_indptr, replay.kv_indptr),
+        (capture.packed_mask, replay.packed_mask),
+        (capture.plan.block_req, replay.plan.block_req),
+    ):
         assert a.data_ptr() == b.data_ptr() and a.shape == b.shape
 
 

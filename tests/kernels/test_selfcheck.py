@@ -3,7 +3,6 @@ reproduce the eager steps, and names the first difference where they do not."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from sglang_echo.core.factory import PolicyConfig

@@ -55,11 +55,20 @@ def _backend(case, width: int, *, graphs: bool):
     b._ragged_graphs, b._ragged, b._ragged_key, b._tree, b._tree_key = graphs, None, None, None, None
     b.max_context_len, b.forward_metadata, b.token_to_kv_pool = 64, None, _Pool(case.k_cache, case.v_cache)
     b.cuda_graph_kv_indices = torch.zeros(512, dtype=torch.int64)
-    b._graph_bufs = TreeVerifyGraphBuffers(max_batch=8, max_width=width, kv_capacity=0, num_heads=4, head_dim=16,
-                                           device="cpu", buckets=(64,), block_m=8, pad_chunk=32)
+    b._graph_bufs = TreeVerifyGraphBuffers(
+        max_batch=8,
+        max_width=width,
+        kv_capacity=0,
+        num_heads=4,
+        head_dim=16,
+        device="cpu",
+        buckets=(64,),
+        block_m=8,
+        pad_chunk=32,
+    )
     table = torch.zeros(8, 64, dtype=torch.int64)
     for i, p in enumerate(case.prefix_lens):
-        table[i, :p] = case.kv_indices[int(case.kv_indptr[i]): int(case.kv_indptr[i + 1])]
+        table[i, :p] = case.kv_indices[int(case.kv_indptr[i]) : int(case.kv_indptr[i + 1])]
 
     def fill(plan, bs, seq_lens, req_pool_indices, kv_indices, kv_indptr=None):
         kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
@@ -88,16 +97,32 @@ def _compact_batch(case, lens, width, tier, slots, *, layout: bool):
     out_cache_loc = torch.zeros(tier, dtype=torch.int64)
     out_cache_loc[:n] = case.tree_slots
     seq_lens = torch.cat([prefix, torch.ones(slots - b, dtype=torch.int64)])
-    return SimpleNamespace(forward_mode=_Mode(), batch_size=slots, input_ids=torch.zeros(tier, dtype=torch.int64),
-                           seq_lens=seq_lens, seq_lens_sum=int(seq_lens.sum()), req_pool_indices=torch.arange(slots),
-                           kv_loc_plan=None, spec_info=spec, out_cache_loc=out_cache_loc)
+    return SimpleNamespace(
+        forward_mode=_Mode(),
+        batch_size=slots,
+        input_ids=torch.zeros(tier, dtype=torch.int64),
+        seq_lens=seq_lens,
+        seq_lens_sum=int(seq_lens.sum()),
+        req_pool_indices=torch.arange(slots),
+        kv_loc_plan=None,
+        spec_info=spec,
+        out_cache_loc=out_cache_loc,
+    )
 
 
 def _layer(case, logit_cap=0.0):
     from types import SimpleNamespace
 
-    return SimpleNamespace(layer_id=0, sliding_window_size=-1, logit_cap=logit_cap, qk_head_dim=16, v_head_dim=16,
-                           tp_q_head_num=4, tp_k_head_num=2, scaling=case.sm_scale)
+    return SimpleNamespace(
+        layer_id=0,
+        sliding_window_size=-1,
+        logit_cap=logit_cap,
+        qk_head_dim=16,
+        v_head_dim=16,
+        tp_q_head_num=4,
+        tp_k_head_num=2,
+        scaling=case.sm_scale,
+    )
 
 
 def _attend(backend, case, fb):

@@ -68,7 +68,16 @@ def test_rows_that_see_nothing_output_zero():
 def test_empty_batch():
     case = make_case(8, 1, 1, 3, 2, 2, 16)
     q = case.q[:0]
-    args = (q, case.k_cache, case.v_cache, torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
-            case.kv_indices[:0], case.tree_slots[:0], case.packed_mask[:0], case.sm_scale)
+    args = (
+        q,
+        case.k_cache,
+        case.v_cache,
+        torch.zeros(1, dtype=torch.int32),
+        torch.zeros(1, dtype=torch.int32),
+        case.kv_indices[:0],
+        case.tree_slots[:0],
+        case.packed_mask[:0],
+        case.sm_scale,
+    )
     assert tree_attention_reference(*args).shape == (0, 2, 16)
     assert tree_attention_triton(*args).shape == (0, 2, 16)

@@ -83,13 +83,20 @@ def main(modules: list[str]) -> None:
         except Exception as e:  # reported, not raised: the caller asserts on them
             errors[name] = repr(e)
     decision = kernel_finder.platform_mode()
-    print(json.dumps({
-        "errors": errors,
-        "mode": decision.mode.value,
-        "sglang_modules": sorted(m for m in sys.modules if m == "sglang" or m.startswith("sglang.")),
-        "sgl_kernel": {m: getattr(sys.modules[m], "__name__", "?") for m in sorted(sys.modules)
-                       if m == "sgl_kernel" or m.startswith("sgl_kernel.")},
-    }))
+    print(
+        json.dumps(
+            {
+                "errors": errors,
+                "mode": decision.mode.value,
+                "sglang_modules": sorted(m for m in sys.modules if m == "sglang" or m.startswith("sglang.")),
+                "sgl_kernel": {
+                    m: getattr(sys.modules[m], "__name__", "?")
+                    for m in sorted(sys.modules)
+                    if m == "sgl_kernel" or m.startswith("sgl_kernel.")
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ kernels (one Python iteration per Triton program / loop step)."""
 from __future__ import annotations
 
 
-
 def assign_req_to_token_pool(req_pool_indices, req_to_token, start, end, out_cache_loc):
     off = 0
     for b in range(len(start)):

@@ -19,13 +19,28 @@ from typing import Iterator, Optional
 
 # Identifier (leading underscores stripped) -> its value on a CUDA host without FlashInfer.
 CUDA_HOST_FACTS: dict[str, bool] = {
-    "is_cuda": True, "is_cuda_alike": True, "is_cuda_available": True,
-    "is_hip": False, "is_rocm_available": False, "use_aiter": False,
-    "is_npu": False, "is_npu_available": False, "is_xpu": False, "is_xpu_available": False,
-    "is_musa": False, "is_musa_available": False, "is_mps": False, "is_mps_available": False,
-    "is_cpu": False, "is_cpu_available": False, "is_hpu": False, "is_sail": False,
-    "is_cpu_amx_available": False, "cpu_has_amx_support": False,
-    "is_flashinfer_available": False, "TYPE_CHECKING": False,
+    "is_cuda": True,
+    "is_cuda_alike": True,
+    "is_cuda_available": True,
+    "is_hip": False,
+    "is_rocm_available": False,
+    "use_aiter": False,
+    "is_npu": False,
+    "is_npu_available": False,
+    "is_xpu": False,
+    "is_xpu_available": False,
+    "is_musa": False,
+    "is_musa_available": False,
+    "is_mps": False,
+    "is_mps_available": False,
+    "is_cpu": False,
+    "is_cpu_available": False,
+    "is_hpu": False,
+    "is_sail": False,
+    "is_cpu_amx_available": False,
+    "cpu_has_amx_support": False,
+    "is_flashinfer_available": False,
+    "TYPE_CHECKING": False,
 }
 _GUARD_EXCEPTIONS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
@@ -105,8 +120,7 @@ class _Collector:
             for alias in node.names:
                 if _is_kernel(alias.name):
                     self._hit(node, alias.name, None, in_function, guarded)
-        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-              and node.value.id == "sgl_kernel"):
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "sgl_kernel":
             self._hit(node, "sgl_kernel", node.attr, in_function, guarded)
         for child in ast.iter_child_nodes(node):
             self.visit(child, in_function, guarded)

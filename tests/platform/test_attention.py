@@ -52,8 +52,9 @@ def test_target_verify_tree_mask(seed: int, layout: str) -> None:
     if layout == "qlen_only":
         custom = anc.reshape(-1)
     else:
-        custom = torch.cat([torch.cat([torch.ones(n, int(p), dtype=torch.bool), anc[b]], 1).reshape(-1)
-                            for b, p in enumerate(prefix)])
+        custom = torch.cat(
+            [torch.cat([torch.ones(n, int(p), dtype=torch.bool), anc[b]], 1).reshape(-1) for b, p in enumerate(prefix)]
+        )
     kv_lens = prefix + n
     vis = tree_mask(custom, prefix, n, int(kv_lens.max()))
     got = paged_sdpa(q, kb, vb, r2t, req, torch.full((bs,), n), kv_lens, vis, 1 / math.sqrt(D))
@@ -92,5 +93,5 @@ def test_draft_decode_metadata_layout() -> None:
         for k in range(topk):
             s = int(seq[b])
             row = table[b * topk + k, : s + steps]
-            want = torch.cat([r2t[req[b], :s], r2t[req[b], s + k * steps: s + (k + 1) * steps]])
+            want = torch.cat([r2t[req[b], :s], r2t[req[b], s + k * steps : s + (k + 1) * steps]])
             assert torch.equal(row, want)

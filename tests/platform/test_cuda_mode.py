@@ -15,7 +15,7 @@ import pytest
 from sglang_echo.platform import install, kernel_finder
 from sglang_echo.platform.cuda import env as cuda_env
 from sglang_echo.platform.cuda import hooks
-from sglang_echo.platform.kernel_finder import ShimMode, SglKernelShimFinder, platform_mode
+from sglang_echo.platform.kernel_finder import SglKernelShimFinder, ShimMode, platform_mode
 from sglang_echo.serve import flags
 from sglang_echo.serve.flags import ServerOptions, build_command
 
@@ -34,12 +34,15 @@ def _fake_real_sgl_kernel(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("cpu,cuda,want", [
-    (False, True, ShimMode.CUDA),
-    (True, True, ShimMode.CPU),  # the CPU engine asked for on a GPU host
-    (True, False, ShimMode.CPU),
-    (False, False, ShimMode.OFF),
-])
+@pytest.mark.parametrize(
+    "cpu,cuda,want",
+    [
+        (False, True, ShimMode.CUDA),
+        (True, True, ShimMode.CPU),  # the CPU engine asked for on a GPU host
+        (True, False, ShimMode.CPU),
+        (False, False, ShimMode.OFF),
+    ],
+)
 def test_platform_mode(monkeypatch, cpu, cuda, want) -> None:
     _mode_env(monkeypatch, cpu=cpu, cuda=cuda)
     decision = platform_mode()
@@ -98,8 +101,9 @@ def _probe(extra_path: Path | None = None) -> list[str]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SGLANG_USE_CPU_ENGINE": "0"}
     if extra_path is not None:
         env["PYTHONPATH"] = str(extra_path)
-    r = subprocess.run([sys.executable, "-c", PROBE.format(root=str(ROOT))], capture_output=True, text=True,
-                       env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE.format(root=str(ROOT))], capture_output=True, text=True, env=env, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -113,10 +117,17 @@ def test_cuda_host_with_real_sgl_kernel_gets_the_real_one(tmp_path) -> None:
 
 
 def test_pth_line_installs_the_finder_without_importing_torch() -> None:
-    code = f"exec({install.PTH_LINE!r}); import sys; print(sorted(type(f).__name__ for f in sys.meta_path)); " \
-           "print('torch' in sys.modules)"
-    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        f"exec({install.PTH_LINE!r}); import sys; print(sorted(type(f).__name__ for f in sys.meta_path)); "
+        "print('torch' in sys.modules)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 0, r.stderr
     finders, torch_loaded = r.stdout.strip().splitlines()
     assert "SglKernelShimFinder" in finders and torch_loaded == "False"
@@ -146,7 +157,7 @@ def test_cuda_home_prefers_the_toolkit_over_an_nvcc_wrapper(tmp_path, monkeypatc
     """A wrapper script such as /usr/local/bin/nvcc has no toolkit beside it."""
     wrapper = tmp_path / "local" / "bin" / "nvcc"
     wrapper.parent.mkdir(parents=True)
-    wrapper.write_text("#!/bin/sh\nexec /usr/local/cuda-13.0/bin/nvcc \"$@\"\n")
+    wrapper.write_text('#!/bin/sh\nexec /usr/local/cuda-13.0/bin/nvcc "$@"\n')
     wrapper.chmod(0o755)
     environ = {"PATH": str(wrapper.parent)}
     monkeypatch.setattr(cuda_env, "DEFAULT_CUDA_ROOT", str(tmp_path / "missing"))
@@ -222,20 +233,24 @@ def test_plugin_in_cuda_mode() -> None:
     assert got["source_untouched"] == "LazyImport"
 
 
-@pytest.mark.parametrize("cutlass,backend,sm100,want_sm100_inside", [
-    (False, "auto", True, False),  # the one case changed: auto on SM100 without cutlass
-    (True, "auto", True, True),
-    (False, "cutedsl", True, True),  # asked for explicitly: sglang's own error
-    (False, "auto", False, False),
-])
+@pytest.mark.parametrize(
+    "cutlass,backend,sm100,want_sm100_inside",
+    [
+        (False, "auto", True, False),  # the one case changed: auto on SM100 without cutlass
+        (True, "auto", True, True),
+        (False, "cutedsl", True, True),  # asked for explicitly: sglang's own error
+        (False, "auto", False, False),
+    ],
+)
 def test_bf16_gemm_hook(monkeypatch, cutlass, backend, sm100, want_sm100_inside) -> None:
     from types import SimpleNamespace
 
     from sglang.srt import runtime_context
 
     monkeypatch.setattr(hooks, "cutlass_dsl_present", lambda: cutlass)
-    monkeypatch.setattr(runtime_context, "get_exec",
-                        lambda: SimpleNamespace(kernel=SimpleNamespace(bf16_gemm_backend=backend)))
+    monkeypatch.setattr(
+        runtime_context, "get_exec", lambda: SimpleNamespace(kernel=SimpleNamespace(bf16_gemm_backend=backend))
+    )
     seen = []
     with runtime_context.override_platform(is_sm100=sm100):
         assert hooks.bf16_gemm_config(lambda: seen.append(runtime_context.get_platform().is_sm100) or 7) == 7

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang_echo.platform.cuda import activations, missing, norms, sgl_kernel_utils, tensors, triton_norms
+from sglang_echo.platform.cuda import missing, norms, sgl_kernel_utils, tensors, triton_norms
 from sglang_echo.platform.cuda import sgl_kernel_shim as shim
 
 EPS = 1e-6
@@ -134,11 +134,14 @@ def test_dispatch_keeps_jit_per_key_and_falls_back_once(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name,act", [
-    ("silu_and_mul", F.silu),
-    ("gelu_and_mul", F.gelu),
-    ("gelu_tanh_and_mul", lambda a: F.gelu(a, approximate="tanh")),
-])
+@pytest.mark.parametrize(
+    "name,act",
+    [
+        ("silu_and_mul", F.silu),
+        ("gelu_and_mul", F.gelu),
+        ("gelu_tanh_and_mul", lambda a: F.gelu(a, approximate="tanh")),
+    ],
+)
 def test_act_and_mul(name, act, dtype) -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(5, 3, 2 * 37, generator=g).to(dtype)  # 37: the width sglang's JIT kernel refuses
@@ -157,7 +160,12 @@ def test_weak_ref_tensor_aliases_without_owning() -> None:
     w = shim.weak_ref_tensor(t)
     assert torch._C._storage_Use_Count(t.untyped_storage()._cdata) == count
     assert (w.shape, w.stride(), w.storage_offset(), w.dtype, w.device) == (
-        t.shape, t.stride(), t.storage_offset(), t.dtype, t.device)
+        t.shape,
+        t.stride(),
+        t.storage_offset(),
+        t.dtype,
+        t.device,
+    )
     assert torch.equal(w, t)
     t[1, 2] = -7
     assert w[1, 2] == -7
@@ -185,7 +193,9 @@ def test_missing_ops_import_and_raise_naming_the_op() -> None:
     for module, names in missing.MISSING.items():
         shim_module = importlib.import_module(
             {"sgl_kernel": "sglang_echo.platform.cuda.sgl_kernel_shim"}.get(
-                module, f"sglang_echo.platform.cuda.{module.replace('.', '_')}"))
+                module, f"sglang_echo.platform.cuda.{module.replace('.', '_')}"
+            )
+        )
         for name in names:
             message = rf"^{module}\.{name} is not provided by sglang-echo's platform"
             with pytest.raises(NotImplementedError, match=message):

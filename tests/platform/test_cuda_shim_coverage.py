@@ -79,8 +79,14 @@ CALL_PATH = (
 def probe() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_USE_CPU_ENGINE"}
     modules = [*fake_cuda_probe.SERVER_MODULES, *ECHO_MODULES]
-    r = subprocess.run([sys.executable, "-m", "tests.platform.fake_cuda_probe", *modules], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.platform.fake_cuda_probe", *modules],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -109,9 +115,13 @@ def test_server_modules_import_with_the_cuda_shim(probe) -> None:
 def test_every_sgl_kernel_import_on_the_path_is_provided(uses) -> None:
     required = [h for h in uses if _on_path(h) and not h.guarded]
     assert len({(h.source, h.name) for h in required}) >= 30  # the AST walk found sglang's imports
-    absent = sorted({f"{h.source}.{h.name or ''} ({h.module}:{h.line})" for h in required
-                     if h.source not in shims_for(ShimMode.CUDA)
-                     or (h.name is not None and not hasattr(_shim(h.source), h.name))})
+    absent = sorted(
+        {
+            f"{h.source}.{h.name or ''} ({h.module}:{h.line})"
+            for h in required
+            if h.source not in shims_for(ShimMode.CUDA) or (h.name is not None and not hasattr(_shim(h.source), h.name))
+        }
+    )
     assert absent == []
 
 
@@ -126,8 +136,9 @@ def test_guarded_imports_keep_sglangs_fallback(uses) -> None:
 
 def test_missing_table_lists_only_names_on_the_path(uses) -> None:
     on_path = {(h.source, h.name) for h in uses if _on_path(h)}
-    dead = [(module, name) for module, names in missing.MISSING.items() for name in names
-            if (module, name) not in on_path]
+    dead = [
+        (module, name) for module, names in missing.MISSING.items() for name in names if (module, name) not in on_path
+    ]
     assert dead == []
 
 
@@ -165,4 +176,9 @@ def test_ast_walk_follows_cuda_branches(tmp_path) -> None:
     }
     cond = lambda text: evaluate(ast.parse(text, mode="eval").body)  # noqa: E731
     assert [cond(t) for t in ("_is_cuda", "not is_cuda()", "_is_hip or x", "_is_hip and x", "x or _is_cuda")] == [
-        True, False, None, False, True]
+        True,
+        False,
+        None,
+        False,
+        True,
+    ]

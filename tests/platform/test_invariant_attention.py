@@ -54,7 +54,7 @@ def test_decode_rows_are_the_same_alone_and_in_any_batch(dtype, monkeypatch) -> 
     lens = [1, 37, CHUNK, CHUNK + 1, 300, 2 * CHUNK, 611]  # within one chunk, at and past the edges
     q = c.queries(len(lens))
     req = list(range(len(lens)))
-    alone = torch.cat([c.decode(q[i:i + 1], [i], [n]) for i, n in enumerate(lens)])
+    alone = torch.cat([c.decode(q[i : i + 1], [i], [n]) for i, n in enumerate(lens)])
     assert torch.equal(c.decode(q, req, lens), alone)
     monkeypatch.setattr(invariant, "_FLOATS_PER_BLOCK", 1)  # one chunk per matmul: the same bits
     assert torch.equal(c.decode(q, req, lens), alone)
@@ -69,7 +69,7 @@ def test_prefill_extend_and_chain_verify_equal_decoding(dtype) -> None:
     c = Cache(dtype)
     total = 2 * CHUNK + 60
     q = c.queries(total)
-    decoded = torch.cat([c.decode(q[p:p + 1], [0], [p + 1]) for p in range(total)])
+    decoded = torch.cat([c.decode(q[p : p + 1], [0], [p + 1]) for p in range(total)])
     assert torch.equal(c.causal(q, [0], [total], [total]), decoded)  # one prefill
     cached = CHUNK - 3
     other = c.queries(50)
@@ -77,8 +77,8 @@ def test_prefill_extend_and_chain_verify_equal_decoding(dtype) -> None:
     assert torch.equal(got[50:], decoded[cached:])  # extend after a prefix-cache hit, batched
     k = 7
     for prefix in (CHUNK - 4, 300):  # a chain verify across a chunk edge, and inside one
-        got = c.causal(q[prefix:prefix + k], [0], [k], [prefix + k])
-        assert torch.equal(got, decoded[prefix:prefix + k])
+        got = c.causal(q[prefix : prefix + k], [0], [k], [prefix + k])
+        assert torch.equal(got, decoded[prefix : prefix + k])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -105,9 +105,9 @@ def test_tree_verify_nodes_equal_decoding_their_path(dtype, seed: int) -> None:
         for j in range(int(q_lens[b])):
             path = anc[b, j].nonzero().flatten()  # ancestors and itself, root first
             c.r2t[decode_row, :p] = row[:p]
-            c.r2t[decode_row, p:p + len(path)] = row[p + path]
-            want = c.decode(q[t:t + 1], [decode_row], [p + len(path)])
-            assert torch.equal(got[t:t + 1], want), f"request {b} node {j}"
+            c.r2t[decode_row, p : p + len(path)] = row[p + path]
+            want = c.decode(q[t : t + 1], [decode_row], [p + len(path)])
+            assert torch.equal(got[t : t + 1], want), f"request {b} node {j}"
             t += 1
 
 
@@ -124,7 +124,7 @@ def test_it_is_attention(window) -> None:
         for i in range(ql):
             pos = kvl - ql + i
             lo = 0 if window is None else max(0, pos - window)
-            slots = c.r2t[req[b], lo:pos + 1].long()
+            slots = c.r2t[req[b], lo : pos + 1].long()
             for h in range(H):
                 s = (c.k[slots, h // (H // HKV)] @ q[t, h]) * SCALE
                 want.append(torch.softmax(s, 0) @ c.v[slots, h // (H // HKV)])
@@ -152,7 +152,7 @@ def test_packed_linear_rows_do_not_depend_on_the_row_count(dtype, out_f, in_f, i
     full = pl.packed_linear(x, packed)
     for m in (1, 2, 3, 17, 64):
         assert torch.equal(pl.packed_linear(x[:m], packed), full[:m]), f"{m} rows"
-    assert torch.equal(torch.cat([pl.packed_linear(x[i:i + 1], packed) for i in range(16)]), full[:16])
+    assert torch.equal(torch.cat([pl.packed_linear(x[i : i + 1], packed) for i in range(16)]), full[:16])
 
 
 # -- the switch ----------------------------------------------------------------------------------
@@ -213,11 +213,20 @@ def test_the_backend_in_the_mode_verifies_a_tree_as_it_decodes(monkeypatch) -> N
     monkeypatch.setattr(deterministic, "enabled", lambda: True)
     c = Cache(torch.bfloat16, seed=3)
     pool = SimpleNamespace(get_key_buffer=lambda i: c.k, get_value_buffer=lambda i: c.v)
-    backend = EchoTorchAttnBackend(SimpleNamespace(device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=c.r2t),
-                                                   token_to_kv_pool=pool))
+    backend = EchoTorchAttnBackend(
+        SimpleNamespace(device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=c.r2t), token_to_kv_pool=pool)
+    )
     assert backend.deterministic
-    layer = SimpleNamespace(tp_q_head_num=H, qk_head_dim=D, v_head_dim=D, layer_id=0, scaling=SCALE,
-                            sliding_window_size=-1, is_cross_attention=False, logit_cap=0)
+    layer = SimpleNamespace(
+        tp_q_head_num=H,
+        qk_head_dim=D,
+        v_head_dim=D,
+        layer_id=0,
+        scaling=SCALE,
+        sliding_window_size=-1,
+        is_cross_attention=False,
+        logit_cap=0,
+    )
     n, prefix, req = 6, torch.tensor([CHUNK - 2, 9]), torch.tensor([3, 1])
     anc = _random_tree_mask(c.g, 2, n)
     spec = SimpleNamespace(draft_token_num=n, tree_topk=2, custom_mask=anc.reshape(-1))
@@ -229,9 +238,10 @@ def test_the_backend_in_the_mode_verifies_a_tree_as_it_decodes(monkeypatch) -> N
         p, row = int(prefix[b]), c.r2t[req[b]].clone()
         for j in range(n):
             path = anc[b, j].nonzero().flatten()
-            c.r2t[7, :p], c.r2t[7, p:p + len(path)] = row[:p], row[p + path]
-            step = SimpleNamespace(forward_mode=_Mode("decode"), seq_lens=torch.tensor([p + len(path)]),
-                                   req_pool_indices=torch.tensor([7]))
+            c.r2t[7, :p], c.r2t[7, p : p + len(path)] = row[:p], row[p + path]
+            step = SimpleNamespace(
+                forward_mode=_Mode("decode"), seq_lens=torch.tensor([p + len(path)]), req_pool_indices=torch.tensor([7])
+            )
             backend.init_forward_metadata(step)
             want = backend.forward_decode(q[b * n + j].reshape(1, H * D), None, None, layer, step, save_kv_cache=False)
             assert torch.equal(got[b * n + j].reshape(1, -1), want), f"request {b} node {j}"

@@ -166,8 +166,20 @@ def test_build_tree_kernel_efficient(seed: int, mode: int) -> None:
         if fn is None:
             ref.build_tree(parent_list, sel, seq, mask, pos, ridx, rnext, rsib, topk, depth, n, mode)
         else:
-            fn(parent_list, sel, seq, mask, pos, ridx.view(bs, n), rnext.view(bs, n), rsib.view(bs, n),
-               topk, depth, n, mode)
+            fn(
+                parent_list,
+                sel,
+                seq,
+                mask,
+                pos,
+                ridx.view(bs, n),
+                rnext.view(bs, n),
+                rsib.view(bs, n),
+                topk,
+                depth,
+                n,
+                mode,
+            )
         res.append((mask, pos, ridx, rnext, rsib))
     for a, b in zip(*res):
         assert torch.equal(a, b)

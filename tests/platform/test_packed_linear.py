@@ -36,7 +36,12 @@ def test_packed_linear_equals_f_linear_and_is_batch_invariant(dtype):
     got = layer.quant_method.apply(layer, x, layer.bias)
     want = F.linear(x.float(), layer.weight.float(), layer.bias.float())
     assert got.shape == (3, 7, 96) and got.dtype == dtype
-    torch.testing.assert_close(got.float(), want, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2 if dtype == torch.bfloat16 else 1e-4)
+    torch.testing.assert_close(
+        got.float(),
+        want,
+        rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+        atol=1e-2 if dtype == torch.bfloat16 else 1e-4,
+    )
     rows = x.reshape(-1, 64)
     full = layer.quant_method.apply(layer, rows, layer.bias)
     for m in (1, 2, 3, 5, 8):  # a row's output does not depend on how many rows share the call

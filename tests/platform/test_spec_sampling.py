@@ -37,9 +37,22 @@ ALPHA = 1e-3  # chi-square rejection level (fixed seeds: the outcome is determin
 
 
 # -- references ---------------------------------------------------------------------------------
-def ref_sampling(predicts, accept_index, accept_token_num, candidates, r_idx, r_next, r_sib, coins,
-                 final_coins, target_probs, draft_probs, threshold_single=1.0, threshold_acc=1.0,
-                 subtract_draft=True):
+def ref_sampling(
+    predicts,
+    accept_index,
+    accept_token_num,
+    candidates,
+    r_idx,
+    r_next,
+    r_sib,
+    coins,
+    final_coins,
+    target_probs,
+    draft_probs,
+    threshold_single=1.0,
+    threshold_acc=1.0,
+    subtract_draft=True,
+):
     """The CUDA kernel line by line, one request at a time. ``subtract_draft=False`` is the
     kernel verbatim; True reads a child's mass as p - draft (our one documented change)."""
     bs, n = candidates.shape
@@ -120,8 +133,12 @@ def random_probs(g: torch.Generator, *shape: int, zero_frac: float = 0.3) -> tor
 
 
 def outputs(bs: int, n: int, num_spec: int, vocab: int):
-    return (torch.full((bs * n,), -3, dtype=torch.int32), torch.full((bs, num_spec), -1, dtype=torch.int32),
-            torch.full((bs,), -7, dtype=torch.int32), torch.zeros(bs, n, vocab, dtype=torch.float32))
+    return (
+        torch.full((bs * n,), -3, dtype=torch.int32),
+        torch.full((bs, num_spec), -1, dtype=torch.int32),
+        torch.full((bs,), -7, dtype=torch.int32),
+        torch.zeros(bs, n, vocab, dtype=torch.float32),
+    )
 
 
 # -- exactness against the kernel transcription ---------------------------------------------------
@@ -139,8 +156,21 @@ def test_matches_kernel_transcription(seed: int, num_spec: int, thresholds) -> N
     res = []
     for fn in (tree_speculative_sampling_target_only, ref_sampling):
         pred, acc_idx, acc_num, draft = outputs(bs, n, num_spec, vocab)
-        fn(pred, acc_idx, acc_num, cand, ridx, rnext, rsib, coins, final, target, draft,
-           threshold_single=thresholds[0], threshold_acc=thresholds[1])
+        fn(
+            pred,
+            acc_idx,
+            acc_num,
+            cand,
+            ridx,
+            rnext,
+            rsib,
+            coins,
+            final,
+            target,
+            draft,
+            threshold_single=thresholds[0],
+            threshold_acc=thresholds[1],
+        )
         res.append((pred, acc_idx, acc_num, draft))
     for a, b in zip(*res):
         assert torch.equal(a, b)
@@ -150,7 +180,8 @@ def test_signature_matches_sglang_wrapper() -> None:
     from sglang.kernels.ops.speculative.sampling import tree_speculative_sampling_target_only as cuda_op
 
     assert list(inspect.signature(tree_speculative_sampling_target_only).parameters) == list(
-        inspect.signature(cuda_op).parameters)
+        inspect.signature(cuda_op).parameters
+    )
     assert ops.tree_speculative_sampling_target_only is tree_speculative_sampling_target_only
 
 
@@ -163,9 +194,19 @@ def test_one_hot_target_is_greedy_verify(seed: int) -> None:
     argmax = torch.randint(0, vocab, (bs, n), generator=g)
     onehot = torch.nn.functional.one_hot(argmax, vocab).float()
     pred_s, idx_s, num_s, draft = outputs(bs, n, num_spec, vocab)
-    tree_speculative_sampling_target_only(pred_s, idx_s, num_s, cand, ridx, rnext, rsib,
-                                          torch.rand(bs, n, generator=g), torch.rand(bs, generator=g),
-                                          onehot, draft)
+    tree_speculative_sampling_target_only(
+        pred_s,
+        idx_s,
+        num_s,
+        cand,
+        ridx,
+        rnext,
+        rsib,
+        torch.rand(bs, n, generator=g),
+        torch.rand(bs, generator=g),
+        onehot,
+        draft,
+    )
     pred_g, idx_g, num_g, _ = outputs(bs, n, num_spec, vocab)
     ops.verify_tree_greedy_cpu(pred_g, idx_g, num_g, cand, ridx, rnext, rsib, argmax)
     assert torch.equal(num_s, num_g) and torch.equal(idx_s, idx_g) and torch.equal(pred_s, pred_g)
@@ -247,9 +288,18 @@ def _run(p: torch.Tensor, g: torch.Generator) -> list[tuple[int, ...]]:
     B = TRIALS
     pred, acc_idx, acc_num, draft = outputs(B, n, NUM_SPEC, VOCAB)
     tree_speculative_sampling_target_only(
-        pred, acc_idx, acc_num, tok.expand(B, n), torch.arange(B * n).view(B, n), nxt.expand(B, n),
-        sib.expand(B, n), torch.rand(B, n, generator=g), torch.rand(B, generator=g),
-        p.expand(B, n, VOCAB).contiguous(), draft)
+        pred,
+        acc_idx,
+        acc_num,
+        tok.expand(B, n),
+        torch.arange(B * n).view(B, n),
+        nxt.expand(B, n),
+        sib.expand(B, n),
+        torch.rand(B, n, generator=g),
+        torch.rand(B, generator=g),
+        p.expand(B, n, VOCAB).contiguous(),
+        draft,
+    )
     committed = torch.where(acc_idx >= 0, pred.long()[acc_idx.long().clamp(min=0)], -1)
     return [tuple(r[: int(k) + 1]) for r, k in zip(committed.tolist(), acc_num.tolist())]
 

@@ -11,11 +11,14 @@ from sglang_echo.platform import step_times
 
 
 def _batch(mode: str, bs: int):
-    kinds = {"decode": (True, False, False), "verify": (False, True, True), "extend": (False, False, True),
-             "idle": (False, False, False)}
+    kinds = {
+        "decode": (True, False, False),
+        "verify": (False, True, True),
+        "extend": (False, False, True),
+        "idle": (False, False, False),
+    }
     decode, verify, extend = kinds[mode]
-    forward_mode = SimpleNamespace(is_decode=lambda: decode, is_target_verify=lambda: verify,
-                                   is_extend=lambda: extend)
+    forward_mode = SimpleNamespace(is_decode=lambda: decode, is_target_verify=lambda: verify, is_extend=lambda: extend)
     return SimpleNamespace(forward_mode=forward_mode, reqs=[None] * bs)
 
 
@@ -85,12 +88,21 @@ def test_the_target_forward_is_timed_apart_from_draft_forwards(monkeypatch):
     def forward_raw(runner, forward_batch, *args, **kwargs):
         return (runner, args, kwargs)
 
-    for runner, mode, bs in [(target, "decode", 8), (target, "verify", 8), (target, "verify", 5),
-                             (target, "extend", 3), (draft, "decode", 8), (draft, "extend", 8)]:
+    for runner, mode, bs in [
+        (target, "decode", 8),
+        (target, "verify", 8),
+        (target, "verify", 5),
+        (target, "extend", 3),
+        (draft, "decode", 8),
+        (draft, "extend", 8),
+    ]:
         batch = _batch(mode, bs)
         batch.batch_size = bs
         assert step_times._timed_target_forward(forward_raw, runner, batch, None, split_forward_count=1) == (
-            runner, (None,), {"split_forward_count": 1})
+            runner,
+            (None,),
+            {"split_forward_count": 1},
+        )
     snap = times.snapshot()
     assert set(snap) == {"target_forward", "target_prefill"}
     assert {bs: n for bs, (n, _) in snap["target_forward"].items()} == {"8": 2, "5": 1}

@@ -49,12 +49,40 @@ def refs(target, prompts) -> dict:
     return {tuple(p.tolist()): o for p, o in zip(prompts, out.tokens)}
 
 
-def make_trace(target, drafter, prompts, *, depth=DEPTH, width=WIDTH, beams=BEAMS, max_nodes=512, kind="hash",
-               max_new=MAX_NEW, batch=4):
-    trees, outs, _ = record(target, drafter, prompts, max_new=max_new, depth=depth, width=width, beams=beams,
-                               max_nodes=max_nodes, batch=batch)
-    meta = TraceMeta(drafter=kind, target="tiny", max_new=max_new, depth=depth, width=width, beams=list(beams),
-                     max_nodes=max_nodes, prompts=[f"p{i}" for i in range(len(prompts))])
+def make_trace(
+    target,
+    drafter,
+    prompts,
+    *,
+    depth=DEPTH,
+    width=WIDTH,
+    beams=BEAMS,
+    max_nodes=512,
+    kind="hash",
+    max_new=MAX_NEW,
+    batch=4,
+):
+    trees, outs, _ = record(
+        target,
+        drafter,
+        prompts,
+        max_new=max_new,
+        depth=depth,
+        width=width,
+        beams=beams,
+        max_nodes=max_nodes,
+        batch=batch,
+    )
+    meta = TraceMeta(
+        drafter=kind,
+        target="tiny",
+        max_new=max_new,
+        depth=depth,
+        width=width,
+        beams=list(beams),
+        max_nodes=max_nodes,
+        prompts=[f"p{i}" for i in range(len(prompts))],
+    )
     return assemble(meta, prompts, trees, outs)
 
 

@@ -23,19 +23,35 @@ def test_curve_interpolates_and_extrapolates():
 
 
 def _cost_file(tmp_path, draft=True):
-    raw = {"schema": "sglang-echo/replay-cost", "version": 1, "label": "unit",
-           "verify": [{"batch": 2, "tokens": 2, "seconds": 0.1}, {"batch": 2, "tokens": 10, "seconds": 0.5}],
-           "draft": {"kind": "eagle3", "forward": [{"batch": 2, "rows": 2, "seconds": 0.01}, {"batch": 2, "rows": 4, "seconds": 0.02}],
-                     "catch_up": [{"batch": 2, "rows": 2, "seconds": 0.004}]} if draft else None}
+    raw = {
+        "schema": "sglang-echo/replay-cost",
+        "version": 1,
+        "label": "unit",
+        "verify": [{"batch": 2, "tokens": 2, "seconds": 0.1}, {"batch": 2, "tokens": 10, "seconds": 0.5}],
+        "draft": {
+            "kind": "eagle3",
+            "forward": [{"batch": 2, "rows": 2, "seconds": 0.01}, {"batch": 2, "rows": 4, "seconds": 0.02}],
+            "catch_up": [{"batch": 2, "rows": 2, "seconds": 0.004}],
+        }
+        if draft
+        else None,
+    }
     p = tmp_path / "cost.json"
     p.write_text(json.dumps(raw))
     return CostModel.load(p)
 
 
 def test_throughput_model_by_hand(tmp_path):
-    res = ReplayResult("x", batch_size=2, k_max=8, accept_len=[torch.tensor([2, 1]), torch.tensor([0, 0])],
-                       verified_total=[6, 2], committed=[5, 2],
-                       draft_calls=[[(0, 2, 1, 2), (1, 2, 2, 3)], [(0, 2, 1, 2)]], catch_up=[(2, 3), (2, 1)])
+    res = ReplayResult(
+        "x",
+        batch_size=2,
+        k_max=8,
+        accept_len=[torch.tensor([2, 1]), torch.tensor([0, 0])],
+        verified_total=[6, 2],
+        committed=[5, 2],
+        draft_calls=[[(0, 2, 1, 2), (1, 2, 2, 3)], [(0, 2, 1, 2)]],
+        catch_up=[(2, 3), (2, 1)],
+    )
     m = _cost_file(tmp_path)
     t = m.throughput(res, "eagle3")
     verify = 0.3 + 0.1  # T_verify(2, 6) = 0.3 on the line through (2, .1) and (10, .5); T(2, 2) = 0.1
@@ -65,9 +81,35 @@ def test_measure_cost_on_the_tiny_model(tmp_path, tiny_llama_dir):
     V = json.loads((tiny_llama_dir / "config.json").read_text())["vocab_size"]
     head = write_tiny_eagle3_draft(tmp_path / "e3", tiny_llama_dir, aux_layer_ids=[0, 0, 1], draft_vocab_size=512).path
     out = tmp_path / "cost.json"
-    main(["measure-cost", "--model", str(tiny_llama_dir), "--drafter", "eagle3", "--draft", str(head),
-          "--batches", "1,2", "--tokens-per-request", "1,3", "--frontiers", "1,2", "--catch-up-tokens", "2",
-          "--prefix", "8", "--reps", "1", "--threads", "1", "--label", "tiny-cpu", "--out", str(out)])
+    main(
+        [
+            "measure-cost",
+            "--model",
+            str(tiny_llama_dir),
+            "--drafter",
+            "eagle3",
+            "--draft",
+            str(head),
+            "--batches",
+            "1,2",
+            "--tokens-per-request",
+            "1,3",
+            "--frontiers",
+            "1,2",
+            "--catch-up-tokens",
+            "2",
+            "--prefix",
+            "8",
+            "--reps",
+            "1",
+            "--threads",
+            "1",
+            "--label",
+            "tiny-cpu",
+            "--out",
+            str(out),
+        ]
+    )
     raw = json.loads(out.read_text())
     assert raw["machine"]["cpu"] and raw["target"]["prefix_len"] == 8 and V > 0
     assert sorted((p["batch"], p["tokens"]) for p in raw["verify"]) == [(1, 1), (1, 3), (2, 2), (2, 6)]

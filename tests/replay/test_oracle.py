@@ -35,9 +35,22 @@ def hand_trace() -> Trace:
         node_ptr.append(node_ptr[-1] + len(tree))
     T = lambda x: torch.tensor(x, dtype=torch.int64)
     meta = TraceMeta(drafter="hand", target="-", max_new=4, depth=DEPTH, width=2, beams=[1, 2], max_nodes=8)
-    return Trace(meta, prompt_indptr=T([0, 2]), prompt_tokens=T([1, 2]), output_indptr=T([0, len(OUT)]),
-                 output_tokens=T(OUT), tree_indptr=T([0, 3]), node_indptr=T(node_ptr), token=T(tok), parent=T(par),
-                 depth=T(dep), logprob=torch.tensor(lp), first_child=T(fc), n_kept=T(nk), n_avail=T(na))
+    return Trace(
+        meta,
+        prompt_indptr=T([0, 2]),
+        prompt_tokens=T([1, 2]),
+        output_indptr=T([0, len(OUT)]),
+        output_tokens=T(OUT),
+        tree_indptr=T([0, 3]),
+        node_indptr=T(node_ptr),
+        token=T(tok),
+        parent=T(par),
+        depth=T(dep),
+        logprob=torch.tensor(lp),
+        first_child=T(fc),
+        n_kept=T(nk),
+        n_avail=T(na),
+    )
 
 
 def test_true_paths_and_oracle_by_hand():
@@ -93,8 +106,9 @@ def test_oracle_bounds_every_policy(B, k_per_req, hash_trace):
     for name in POLICIES:
         policy = make_policy(name, cfg)
         res = replay_serving(hash_trace, policy, B, k_max=k_max, min_steps=6, min_tokens=0)
-        for acc, om, ok, rk, ver in zip(res.accept_len, res.oracle_matched, res.oracle_kmax, res.ranked_kmax,
-                                        res.verified_total):
+        for acc, om, ok, rk, ver in zip(
+            res.accept_len, res.oracle_matched, res.oracle_kmax, res.ranked_kmax, res.verified_total
+        ):
             assert int(acc.sum()) <= om  # with the policy's own verified tokens as the budget
             assert rk <= ok
             if policy.budgeted:

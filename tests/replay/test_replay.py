@@ -35,8 +35,16 @@ def test_replay_equals_offline_loop_hash_drafter(target, prompts, hash_drafter, 
 
 def test_replay_stops_streams_at_eos_like_the_loop(target, prompts, hash_drafter, hash_trace):
     eos = int(hash_trace.output(1)[5])  # pretend this token is eos: stream 1 ends early
-    rows = validate(hash_trace, target, hash_drafter, {n: ALL[n] for n in ("echo", "chain")}, [0, 1, 2], batch=3,
-                    k_max=CFG.k_max, eos_id=eos)
+    rows = validate(
+        hash_trace,
+        target,
+        hash_drafter,
+        {n: ALL[n] for n in ("echo", "chain")},
+        [0, 1, 2],
+        batch=3,
+        k_max=CFG.k_max,
+        eos_id=eos,
+    )
     _assert_exact(rows)
 
 
@@ -58,8 +66,9 @@ def test_replay_equals_offline_loop_eagle3(tmp_path, tiny_llama_dir, prompts):
     from sglang_echo.models.tiny import write_tiny_eagle3_draft
 
     V = json.loads((tiny_llama_dir / "config.json").read_text())["vocab_size"]
-    head = write_tiny_eagle3_draft(tmp_path / "e3", tiny_llama_dir, init="early_exit", aux_layer_ids=[0, 0, 1],
-                                   draft_vocab_size=V).path
+    head = write_tiny_eagle3_draft(
+        tmp_path / "e3", tiny_llama_dir, init="early_exit", aux_layer_ids=[0, 0, 1], draft_vocab_size=V
+    ).path
     t = HFTarget.from_pretrained(tiny_llama_dir, captured_layers=(1, 1, 2))
     drafter, captured = build_drafter("eagle3", head, t.model, t.device)
     assert captured == (1, 1, 2) and drafter.dtype == torch.float32
@@ -74,8 +83,15 @@ def test_replay_equals_offline_loop_eagle3(tmp_path, tiny_llama_dir, prompts):
             for f in ("indptr", "tokens", "parents", "depth"):
                 assert torch.equal(getattr(x, f), getattr(y, f)), (name, f)
             torch.testing.assert_close(x.logprob, y.logprob, rtol=0, atol=1e-4)
-    rows = validate(trace, t, drafter, {n: ALL[n] for n in ("chain", "static-tree", "echo", "budgeted-chain")},
-                    [0, 1, 2, 3], batch=4, k_max=CFG.k_max)
+    rows = validate(
+        trace,
+        t,
+        drafter,
+        {n: ALL[n] for n in ("chain", "static-tree", "echo", "budgeted-chain")},
+        [0, 1, 2, 3],
+        batch=4,
+        k_max=CFG.k_max,
+    )
     _assert_exact(rows)
 
 
@@ -84,7 +100,8 @@ def test_serving_keeps_the_batch_full_and_the_cap(B, hash_trace):
     for name in ("echo", "budgeted-chain", "static-tree"):
         res = replay_serving(hash_trace, ALL[name], B, k_max=CFG.k_max, min_steps=8)
         assert res.steps >= 8 and sum(res.committed) >= sum(
-            hash_trace.stream_length(p) - 1 for p in range(hash_trace.num_prompts))
+            hash_trace.stream_length(p) - 1 for p in range(hash_trace.num_prompts)
+        )
         assert all(bool((a >= 0).all()) and a.numel() == B for a in res.accept_len)  # every slot busy
         if ALL[name].budgeted:
             assert max(res.verified_total) <= max(CFG.k_max, B)

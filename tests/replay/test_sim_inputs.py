@@ -54,8 +54,9 @@ def test_the_file_holds_the_prompts_the_lengths_and_the_label(tmp_path, hash_tra
     main(["sim-inputs", "--trace", str(stem), "--eagle3-shape", "2/2/4", "--max-new-tokens", "12"])
     data = load_sim_inputs(tmp_path / "t.sim.json")
     assert data["label"] == LABEL and data["max_new"] == 12 and data["eagle3"]["shape"] == "2/2/4"
-    assert [p["input_ids"] for p in data["prompts"]] == [hash_trace.prompt(p).tolist()
-                                                         for p in range(hash_trace.num_prompts)]
+    assert [p["input_ids"] for p in data["prompts"]] == [
+        hash_trace.prompt(p).tolist() for p in range(hash_trace.num_prompts)
+    ]
     assert data["env"]["echo"]["SGLANG_ECHO_SIMULATE"] == str(stem.resolve())
     assert float(data["env"]["eagle3"]["SGLANG_SIMULATE_ACC_LEN"]) == data["eagle3"]["simulate_acc_len"]
     assert sim_inputs(hash_trace, stem, TreeShape(2, 2, 4), 99)["max_new"] == MAX_NEW  # capped at the trace's

@@ -14,8 +14,13 @@ from sglang_echo.core.factory import make_policy
 from sglang_echo.core.policy import build_trees
 from sglang_echo.core.tree import Candidates
 from sglang_echo.core.verify import greedy_verify
-from sglang_echo.integration.simulate import (FORCED_LOGIT, STREAM_ATTR, SimulatedFrontierDrafter, TraceStreams,
-                                              force_tokens)
+from sglang_echo.integration.simulate import (
+    FORCED_LOGIT,
+    STREAM_ATTR,
+    SimulatedFrontierDrafter,
+    TraceStreams,
+    force_tokens,
+)
 from sglang_echo.replay.drafter import RecordedDrafter
 
 from .conftest import CFG
@@ -32,9 +37,12 @@ class JunkDrafter:
         B, F = frontier.slots.shape
         self.forwards += frontier.depth > 0
         self.calls.append((frontier.depth, k, frontier.tokens.clone(), frontier.valid.clone()))
-        return Candidates(tokens=torch.full((B, F * k), 7), logprob=torch.zeros(B, F * k),
-                          parent=torch.arange(F).repeat_interleave(k).expand(B, F * k).contiguous(),
-                          valid=torch.ones(B, F * k, dtype=torch.bool))
+        return Candidates(
+            tokens=torch.full((B, F * k), 7),
+            logprob=torch.zeros(B, F * k),
+            parent=torch.arange(F).repeat_interleave(k).expand(B, F * k).contiguous(),
+            valid=torch.ones(B, F * k, dtype=torch.bool),
+        )
 
 
 def _rows(trace, picks):

@@ -19,7 +19,15 @@ def test_round_trip(tmp_path, hash_trace):
     assert meta["schema"] == "sglang-echo/replay-trace" and meta["width"] == WIDTH and meta["beams"] == list(BEAMS)
     back = Trace.load(tmp_path / "t.json")
     assert back.meta == hash_trace.meta
-    for name in ("prompt_indptr", "prompt_tokens", "output_indptr", "output_tokens", "tree_indptr", "node_indptr", *NODE_FIELDS):
+    for name in (
+        "prompt_indptr",
+        "prompt_tokens",
+        "output_indptr",
+        "output_tokens",
+        "tree_indptr",
+        "node_indptr",
+        *NODE_FIELDS,
+    ):
         assert torch.equal(getattr(back, name), getattr(hash_trace, name)), name
 
 

@@ -46,10 +46,24 @@ def test_replay_equals_the_server(tmp_path):
     each trace prompt alone: sglang's per-request step count, accepted-draft and tree-size
     histograms equal the replay's, and the outputs the recorded continuation."""
     rows = record_then_validate(
-        tmp_path, REPLAY_PORTS,
+        tmp_path,
+        REPLAY_PORTS,
         ["--drafter", "ngram", "--max-new-tokens", "48", "--depth", "6", "--width", "4", "--beams", "1,4"],
-        ["--policies", "echo,static-tree", "--k-max", "8", "--max-depth", "6", "--w-max", "4", "--topk", "4",
-         "--total-tokens", "12"])
+        [
+            "--policies",
+            "echo,static-tree",
+            "--k-max",
+            "8",
+            "--max-depth",
+            "6",
+            "--w-max",
+            "4",
+            "--topk",
+            "4",
+            "--total-tokens",
+            "12",
+        ],
+    )
     assert [r["policy"] for r in rows] == ["echo", "static-tree"]
     for r in rows:
         assert r["exact"] and r["requests"] == 2 and r["steps"] > 0

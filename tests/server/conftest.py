@@ -31,8 +31,15 @@ def start_server(
 ) -> SGLangServer:
     """Start (and wait for) a server; the caller must stop() it (fixtures do, in finally)."""
     return launch_test_server(
-        SERVER_PORTS, spec, model_path=model_path, spec=spec, draft_path=draft_path,
-        spec_options=spec_options, dtype=SERVER_DTYPE, enable_metrics=enable_metrics, extra_args=extra_args,
+        SERVER_PORTS,
+        spec,
+        model_path=model_path,
+        spec=spec,
+        draft_path=draft_path,
+        spec_options=spec_options,
+        dtype=SERVER_DTYPE,
+        enable_metrics=enable_metrics,
+        extra_args=extra_args,
     )
 
 

@@ -36,9 +36,16 @@ def test_health(srv: SGLangServer) -> None:
 
 
 def test_completions(srv: SGLangServer) -> None:
-    r = requests.post(srv.url("/v1/completions"), timeout=TIMEOUT, json={
-        "model": _model(srv), "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0,
-    })
+    r = requests.post(
+        srv.url("/v1/completions"),
+        timeout=TIMEOUT,
+        json={
+            "model": _model(srv),
+            "prompt": "The capital of France is",
+            "max_tokens": 8,
+            "temperature": 0,
+        },
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "text_completion"
@@ -49,8 +56,7 @@ def test_completions(srv: SGLangServer) -> None:
 def test_completions_stream_matches_non_stream(srv: SGLangServer) -> None:
     req = {"model": _model(srv), "prompt": "def fibonacci(n):", "max_tokens": 16, "temperature": 0}
     full = requests.post(srv.url("/v1/completions"), json=req, timeout=TIMEOUT).json()
-    with requests.post(srv.url("/v1/completions"), json={**req, "stream": True},
-                       stream=True, timeout=TIMEOUT) as r:
+    with requests.post(srv.url("/v1/completions"), json={**req, "stream": True}, stream=True, timeout=TIMEOUT) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         chunks = list(sse_events(r))
@@ -59,11 +65,16 @@ def test_completions_stream_matches_non_stream(srv: SGLangServer) -> None:
 
 
 def test_chat_completions(srv: SGLangServer) -> None:
-    r = requests.post(srv.url("/v1/chat/completions"), timeout=TIMEOUT, json={
-        "model": _model(srv),
-        "messages": [{"role": "user", "content": "What is the capital of France?"}],
-        "max_tokens": 16, "temperature": 0,
-    })
+    r = requests.post(
+        srv.url("/v1/chat/completions"),
+        timeout=TIMEOUT,
+        json={
+            "model": _model(srv),
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 16,
+            "temperature": 0,
+        },
+    )
     assert r.status_code == 200, r.text
     msg = r.json()["choices"][0]["message"]
     assert msg["role"] == "assistant" and msg["content"].strip()
@@ -72,13 +83,17 @@ def test_chat_completions(srv: SGLangServer) -> None:
 def test_chat_completions_stream_matches_non_stream(srv: SGLangServer) -> None:
     req = {
         "model": _model(srv),
-        "messages": [{"role": "system", "content": "You are terse."},
-                     {"role": "user", "content": "Name three colours."}],
-        "max_tokens": 16, "temperature": 0,
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Name three colours."},
+        ],
+        "max_tokens": 16,
+        "temperature": 0,
     }
     full = requests.post(srv.url("/v1/chat/completions"), json=req, timeout=TIMEOUT).json()
-    with requests.post(srv.url("/v1/chat/completions"), json={**req, "stream": True},
-                       stream=True, timeout=TIMEOUT) as r:
+    with requests.post(
+        srv.url("/v1/chat/completions"), json={**req, "stream": True}, stream=True, timeout=TIMEOUT
+    ) as r:
         assert r.status_code == 200
         chunks = list(sse_events(r))
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
@@ -96,18 +111,26 @@ def test_metrics(srv: SGLangServer) -> None:
 
 def test_malformed_json_is_4xx(srv: SGLangServer) -> None:
     for path in ("/v1/completions", "/v1/chat/completions", "/generate"):
-        r = requests.post(srv.url(path), data=b'{"prompt": "hi", "max_tokens": ',
-                          headers={"Content-Type": "application/json"}, timeout=60)
+        r = requests.post(
+            srv.url(path),
+            data=b'{"prompt": "hi", "max_tokens": ',
+            headers={"Content-Type": "application/json"},
+            timeout=60,
+        )
         assert 400 <= r.status_code < 500, (path, r.status_code, r.text[:300])
     _assert_still_healthy(srv)
 
 
 def test_negative_max_tokens_is_4xx(srv: SGLangServer) -> None:
-    r = requests.post(srv.url("/v1/completions"), timeout=60, json={
-        "model": _model(srv), "prompt": "hi", "max_tokens": -5})
+    r = requests.post(
+        srv.url("/v1/completions"), timeout=60, json={"model": _model(srv), "prompt": "hi", "max_tokens": -5}
+    )
     assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
-    r = requests.post(srv.url("/v1/chat/completions"), timeout=60, json={
-        "model": _model(srv), "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1})
+    r = requests.post(
+        srv.url("/v1/chat/completions"),
+        timeout=60,
+        json={"model": _model(srv), "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1},
+    )
     assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
     _assert_still_healthy(srv)
 
@@ -116,8 +139,11 @@ def test_over_long_prompt_is_4xx(srv: SGLangServer) -> None:
     info = requests.get(srv.url("/model_info"), timeout=60).json()
     ctx = int(info.get("max_context_length") or info.get("context_length") or 8192)
     prompt = "hello " * (ctx + 500)  # one token per word for this tokenizer, > context
-    r = requests.post(srv.url("/v1/completions"), timeout=TIMEOUT, json={
-        "model": _model(srv), "prompt": prompt, "max_tokens": 4, "temperature": 0})
+    r = requests.post(
+        srv.url("/v1/completions"),
+        timeout=TIMEOUT,
+        json={"model": _model(srv), "prompt": prompt, "max_tokens": 4, "temperature": 0},
+    )
     assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
     assert any(w in r.text.lower() for w in ("context", "length", "too long", "exceed")), r.text[:300]
     _assert_still_healthy(srv)

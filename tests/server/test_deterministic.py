@@ -26,8 +26,10 @@ from sglang_echo.serve.server import SGLangServer
 
 from ..conftest import SERVER_PORTS, launch_test_server
 
-needs_bf16 = pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-                                reason="this CPU has no oneDNN bf16 GEMMs (the platform serves float32 there)")
+needs_bf16 = pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="this CPU has no oneDNN bf16 GEMMs (the platform serves float32 there)",
+)
 
 PER_SET = 3  # x 4 sets (chat, math, summarize, humaneval) = 12 prompts
 MAX_NEW_TOKENS = 32
@@ -37,8 +39,16 @@ ECHO_ARGS = ("--speculative-num-steps", "4", "--speculative-eagle-topk", "2", "-
 
 
 def _start(model: Path, tag: str, **options) -> SGLangServer:
-    return launch_test_server(SERVER_PORTS, f"deterministic-{tag}", model_path=model, dtype="bfloat16",
-                              deterministic=True, max_total_tokens=8192, context_length=1024, **options)
+    return launch_test_server(
+        SERVER_PORTS,
+        f"deterministic-{tag}",
+        model_path=model,
+        dtype="bfloat16",
+        deterministic=True,
+        max_total_tokens=8192,
+        context_length=1024,
+        **options,
+    )
 
 
 def _generate(srv: SGLangServer, inputs: list[list[int]], workers: int) -> list[Generation]:
@@ -69,10 +79,28 @@ def plain(smollm2_dir: Path, prompt_ids) -> dict[int, list[Generation]]:
 
 def test_the_launcher_asks_sglang_for_the_mode() -> None:
     """``DETERMINISTIC=1 make serve`` runs the launcher with ``--deterministic``."""
+
     def exec_line(*extra: str) -> str:
-        r = subprocess.run([sys.executable, "-m", "sglang_echo.serve.launch", "--spec", "none", "--port", "32098",
-                            "--device", "cpu", "--dtype", "bfloat16", "--dry-run", *extra],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sglang_echo.serve.launch",
+                "--spec",
+                "none",
+                "--port",
+                "32098",
+                "--device",
+                "cpu",
+                "--dtype",
+                "bfloat16",
+                "--dry-run",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
         return next(line for line in r.stdout.splitlines() if "exec:" in line)
 

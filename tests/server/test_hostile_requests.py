@@ -56,8 +56,15 @@ def echo(smollm2_dir: Path) -> Iterator[SGLangServer]:
 
     head = shipped_head(smollm2_dir, "eagle3")
     served = with_cpu_budget(with_shipped_calibration(ServerOptions(smollm2_dir, spec="echo", draft_path=head)), "cpu")
-    srv = launch_test_server(SERVER_PORTS, "echo-guard", model_path=smollm2_dir, spec="echo", draft_path=head,
-                             dtype=SERVER_DTYPE, extra_env=served.extra_env)
+    srv = launch_test_server(
+        SERVER_PORTS,
+        "echo-guard",
+        model_path=smollm2_dir,
+        spec="echo",
+        draft_path=head,
+        dtype=SERVER_DTYPE,
+        extra_env=served.extra_env,
+    )
     try:
         yield srv
     finally:
@@ -102,15 +109,19 @@ def hostile_id_cases(vocab: int, bad: int, *, tokenizer: bool) -> list[tuple[Cas
     cases = [
         (Case("/generate", {"input_ids": ids, "sampling_params": params}), f"input_ids[1] {where}"),
         (Case("/generate", {"input_ids": [[5, 6], ids], "sampling_params": params}), f"input_ids[1] {where}"),
-        (Case("/generate", {"input_ids": [3, 4], "sampling_params": {**params, "stop_token_ids": [bad]}}),
-         f"sampling_params.stop_token_ids[0] {where}"),
+        (
+            Case("/generate", {"input_ids": [3, 4], "sampling_params": {**params, "stop_token_ids": [bad]}}),
+            f"sampling_params.stop_token_ids[0] {where}",
+        ),
     ]
     if tokenizer:  # the OpenAI endpoints need the tokenizer (chat template, detokenized text)
         chat = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
         cases += [
             (Case("/v1/completions", {"model": "default", "prompt": ids, "max_tokens": 4}), f"input_ids[1] {where}"),
-            (Case("/v1/completions", {"model": "default", "prompt": [[7], ids], "max_tokens": 4}),
-             f"input_ids[1] {where}"),
+            (
+                Case("/v1/completions", {"model": "default", "prompt": [[7], ids], "max_tokens": 4}),
+                f"input_ids[1] {where}",
+            ),
             (Case("/v1/chat/completions", {**chat, "input_ids": ids}), f"input_ids[1] {where}"),
         ]
     return cases
@@ -118,13 +129,19 @@ def hostile_id_cases(vocab: int, bad: int, *, tokenizer: bool) -> list[tuple[Cas
 
 def test_hostile_ids_without_tokenizer(smollm2_dir: Path, vocab: int) -> None:
     """``--skip-tokenizer-init``: the vocabulary still comes from the served model's config."""
-    srv = launch_test_server(SERVER_PORTS, "plain-no-tokenizer", model_path=smollm2_dir, dtype=SERVER_DTYPE,
-                             skip_tokenizer_init=True)
+    srv = launch_test_server(
+        SERVER_PORTS, "plain-no-tokenizer", model_path=smollm2_dir, dtype=SERVER_DTYPE, skip_tokenizer_init=True
+    )
     try:
         check_hostile_ids(srv, vocab, tokenizer=False)
-        assert_rejected(srv, Case("/generate", {"input_ids": [1, 2], "return_logprob": True,
-                                                "top_logprobs_num": vocab + 1, "sampling_params": {}}),
-                        f"top_logprobs_num (OpenAI: logprobs / top_logprobs) = {vocab + 1} must be in [0, {vocab}]")
+        assert_rejected(
+            srv,
+            Case(
+                "/generate",
+                {"input_ids": [1, 2], "return_logprob": True, "top_logprobs_num": vocab + 1, "sampling_params": {}},
+            ),
+            f"top_logprobs_num (OpenAI: logprobs / top_logprobs) = {vocab + 1} must be in [0, {vocab}]",
+        )
     finally:
         srv.stop()
 
@@ -151,38 +168,72 @@ def killers(vocab: int) -> list[tuple[Case, str]]:
     chat = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
     return [
         (Case("/generate", {"text": "", "sampling_params": gen}), "the prompt is empty"),
-        (Case("/generate", {"text": "hi", "return_logprob": True, "top_logprobs_num": 10**6, "sampling_params": gen}),
-         f"top_logprobs_num (OpenAI: logprobs / top_logprobs) = 1000000 must be in [0, {vocab}]"),
+        (
+            Case(
+                "/generate", {"text": "hi", "return_logprob": True, "top_logprobs_num": 10**6, "sampling_params": gen}
+            ),
+            f"top_logprobs_num (OpenAI: logprobs / top_logprobs) = 1000000 must be in [0, {vocab}]",
+        ),
         (Case("/v1/chat/completions", {**chat, "logprobs": True, "top_logprobs": 10**5}), "top_logprobs_num"),
-        (Case("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 4, "logprobs": 10**5}),
-         "top_logprobs_num"),
-        (Case("/generate", {"text": "hi", "sampling_params": {**gen, "min_new_tokens": 2, "stop_token_ids": [-5]}}),
-         "sampling_params.stop_token_ids[0] = -5"),
-        (Case("/generate", {"text": "hi", "sampling_params": {**gen, "top_k": 2**40}}),
-         f"sampling_params.top_k (-1: all) = {2**40} must be in [1, 2147483647]"),
-        (Case("/generate", {"text": "hi", "positional_embed_overrides": {"a": 1}, "sampling_params": gen}),
-         ("positional_embed_overrides must be a PositionalEmbeds object (Engine API); a request cannot carry it "
-          "as an object")),
-        (Case("/generate", {"input_ids": [[1], [2]], "positional_embed_overrides": [], "sampling_params": gen}),
-         "positional_embed_overrides has 0 entries, not one per prompt of a batch of 2"),
-        (Case("/generate", {"input_ids": [[1], [2]], "top_logprobs_num": [1], "sampling_params": gen}),
-         "top_logprobs_num has 1 entries, not one per prompt of a batch of 2"),
-        (Case("/generate", {"input_ids": [1, 2], "sampling_params": [gen]}),
-         "sampling_params must not be a list for a single prompt, got an array"),
-        (Case("/generate", {"input_ids": [1, 2], "lora_path": [], "sampling_params": {**gen, "n": 2}}),
-         "lora_path must not be a list for a single prompt"),
-        (Case("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 4, "top_p": 0.3,
-                                  "logit_bias": {"5": 1e308}}),
-         "sampling_params.logit_bias['5'] = 1e+308 must be a number in [-100, 100]"),
+        (
+            Case("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 4, "logprobs": 10**5}),
+            "top_logprobs_num",
+        ),
+        (
+            Case("/generate", {"text": "hi", "sampling_params": {**gen, "min_new_tokens": 2, "stop_token_ids": [-5]}}),
+            "sampling_params.stop_token_ids[0] = -5",
+        ),
+        (
+            Case("/generate", {"text": "hi", "sampling_params": {**gen, "top_k": 2**40}}),
+            f"sampling_params.top_k (-1: all) = {2**40} must be in [1, 2147483647]",
+        ),
+        (
+            Case("/generate", {"text": "hi", "positional_embed_overrides": {"a": 1}, "sampling_params": gen}),
+            (
+                "positional_embed_overrides must be a PositionalEmbeds object (Engine API); a request cannot carry it "
+                "as an object"
+            ),
+        ),
+        (
+            Case("/generate", {"input_ids": [[1], [2]], "positional_embed_overrides": [], "sampling_params": gen}),
+            "positional_embed_overrides has 0 entries, not one per prompt of a batch of 2",
+        ),
+        (
+            Case("/generate", {"input_ids": [[1], [2]], "top_logprobs_num": [1], "sampling_params": gen}),
+            "top_logprobs_num has 1 entries, not one per prompt of a batch of 2",
+        ),
+        (
+            Case("/generate", {"input_ids": [1, 2], "sampling_params": [gen]}),
+            "sampling_params must not be a list for a single prompt, got an array",
+        ),
+        (
+            Case("/generate", {"input_ids": [1, 2], "lora_path": [], "sampling_params": {**gen, "n": 2}}),
+            "lora_path must not be a list for a single prompt",
+        ),
+        (
+            Case(
+                "/v1/completions",
+                {"model": "default", "prompt": "hi", "max_tokens": 4, "top_p": 0.3, "logit_bias": {"5": 1e308}},
+            ),
+            "sampling_params.logit_bias['5'] = 1e+308 must be a number in [-100, 100]",
+        ),
         (Case("/generate", {"text": "hi", "sampling_params": {**gen, "n": 10**9}}), "sampling_params.n = 1000000000"),
-        (Case("/generate", {"text": "hi", "session_params": {"+": {}}, "sampling_params": gen}),
-         "session_params has unknown field(s) ['+']"),
-        (Case("/generate", {"text": "hi", "sampling_params": {**gen, "ebnf": 'root ::= root "a"'}}),
-         "the grammar admits no output"),
-        (Case("/generate", {"text": "hi", "sampling_params": {**gen, "stop_regex": "\\p{Lu}+"}}),
-         "sampling_params.stop_regex = '\\\\p{Lu}+' is not a valid regular expression: bad escape \\p"),
-        (Case("/generate", {"text": "hi", "sampling_params": {**gen, "n": None}}),
-         "sampling_params.n must be an integer, got null"),
+        (
+            Case("/generate", {"text": "hi", "session_params": {"+": {}}, "sampling_params": gen}),
+            "session_params has unknown field(s) ['+']",
+        ),
+        (
+            Case("/generate", {"text": "hi", "sampling_params": {**gen, "ebnf": 'root ::= root "a"'}}),
+            "the grammar admits no output",
+        ),
+        (
+            Case("/generate", {"text": "hi", "sampling_params": {**gen, "stop_regex": "\\p{Lu}+"}}),
+            "sampling_params.stop_regex = '\\\\p{Lu}+' is not a valid regular expression: bad escape \\p",
+        ),
+        (
+            Case("/generate", {"text": "hi", "sampling_params": {**gen, "n": None}}),
+            "sampling_params.n must be an integer, got null",
+        ),
         (Case("/v1/chat/completions", [chat]), "the request body must be a JSON object, got an array"),
         (Case("/v1/chat/completions", {**chat, "response_format": [1]}), "response_format must be a JSON object"),
     ]
@@ -203,8 +254,14 @@ def fuzz(srv: SGLangServer, vocab: int) -> Counter:
     stop_at = time.monotonic() + FUZZ_SECONDS
     sent: list[Case] = []  # a crash can surface on the request after the one that caused it
 
-    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=FUZZ_SEED is None, database=None,
-              phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=FUZZ_EXAMPLES,
+        deadline=None,
+        derandomize=FUZZ_SEED is None,
+        database=None,
+        phases=(Phase.explicit, Phase.generate),
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=hostile_requests(vocab))
     def one(case: Case) -> None:
         if time.monotonic() > stop_at:

@@ -20,12 +20,13 @@ from sglang_echo.serve.flags import (
     default_dtype,
     echo_plugin_available,
 )
-from sglang_echo.serve.server import SGLangServer, ServerStartError, find_free_port_pair
+from sglang_echo.serve.server import ServerStartError, SGLangServer, find_free_port_pair
 
 
 def _launch(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sglang_echo.serve.launch", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sglang_echo.serve.launch", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def _shipped_calibration(drafter: str) -> str:
@@ -116,7 +117,9 @@ def test_echo_with_the_dart_drafter_uses_the_shipped_dart_head(smollm2_dir: Path
     assert _shipped_calibration("dart") in r.stdout
 
 
-def test_echo_with_the_dflash_drafter_uses_the_shipped_dflash_head_and_calibration(smollm2_dir: Path, monkeypatch) -> None:
+def test_echo_with_the_dflash_drafter_uses_the_shipped_dflash_head_and_calibration(
+    smollm2_dir: Path, monkeypatch
+) -> None:
     monkeypatch.setenv("SGLANG_ECHO_DRAFTER", "dflash")
     r = _launch("--spec", "echo", "--port", "32098", "--dry-run", "--device", "cpu")
     assert r.returncode == 0, r.stderr
@@ -131,20 +134,29 @@ def test_a_draft_dir_without_config_is_refused(tmp_path: Path) -> None:
 
 
 def test_dry_run_prints_cpu_command(smollm2_dir: Path) -> None:
-    r = _launch("--spec", "ngram", "--port", "32098", "--dry-run", "--device", "cpu",
-                "--", "--enable-cache-report")
+    r = _launch("--spec", "ngram", "--port", "32098", "--dry-run", "--device", "cpu", "--", "--enable-cache-report")
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert str(smollm2_dir) in out
-    for needle in ("SGLANG_USE_CPU_ENGINE=1", "--device cpu", "--attention-backend echo_torch",
-                   "--speculative-algorithm NGRAM", "--host 127.0.0.1", "--port 32098",
-                   "--nccl-port 32099", "--enable-cache-report", "logs:", "--max-running-requests 256"):
+    for needle in (
+        "SGLANG_USE_CPU_ENGINE=1",
+        "--device cpu",
+        "--attention-backend echo_torch",
+        "--speculative-algorithm NGRAM",
+        "--host 127.0.0.1",
+        "--port 32098",
+        "--nccl-port 32099",
+        "--enable-cache-report",
+        "logs:",
+        "--max-running-requests 256",
+    ):
         assert needle in out, needle
 
 
 def test_cpu_speculative_servers_are_not_capped_at_sglangs_48(tmp_path: Path) -> None:
     """sglang resets a speculative server's running requests to 48 unless given; on the CPU every
     spec gets CPU_SPEC_MAX_RUNNING_REQUESTS (an explicit value wins, plain decoding keeps sglang's)."""
+
     def running(**kw) -> str | None:
         argv = build_command(ServerOptions(model_path=tmp_path, device="cpu", draft_path=tmp_path, **kw)).argv
         return argv[argv.index("--max-running-requests") + 1] if "--max-running-requests" in argv else None
@@ -158,6 +170,7 @@ def test_cpu_speculative_servers_are_not_capped_at_sglangs_48(tmp_path: Path) ->
 def test_cpu_speculative_servers_get_their_draft_slots_on_top_of_the_kv_pool(tmp_path: Path) -> None:
     """A speculative CPU server's default pool is plain decoding's plus the slots sglang holds per
     running request for the next step, so both admit the same requests; an explicit size wins."""
+
     def pool(**kw) -> int:
         argv = build_command(ServerOptions(model_path=tmp_path, device="cpu", draft_path=tmp_path, **kw)).argv
         return int(argv[argv.index("--max-total-tokens") + 1])
@@ -168,7 +181,10 @@ def test_cpu_speculative_servers_get_their_draft_slots_on_top_of_the_kv_pool(tmp
     assert pool(spec="ngram", spec_options=SpecOptions(num_draft_tokens=12), max_running_requests=8) == base + 8 * 24
     # ECHO's shape is its config's: depth 4, topk max(2, w_max 2), width 7 by default -> 2 x 8 slots
     assert pool(spec="echo") == base + flags.CPU_SPEC_MAX_RUNNING_REQUESTS * 16
-    assert pool(spec="echo", extra_env=(("SGLANG_ECHO_MAX_DEPTH", "6"),)) == base + flags.CPU_SPEC_MAX_RUNNING_REQUESTS * 24
+    assert (
+        pool(spec="echo", extra_env=(("SGLANG_ECHO_MAX_DEPTH", "6"),))
+        == base + flags.CPU_SPEC_MAX_RUNNING_REQUESTS * 24
+    )
     assert pool(spec="echo", max_total_tokens=4096) == 4096
     with pytest.raises(LaunchError, match="SGLANG_ECHO_MAX_DEPTH"):
         pool(spec="echo", extra_env=(("SGLANG_ECHO_MAX_DEPTH", "deep"),))
@@ -177,9 +193,11 @@ def test_cpu_speculative_servers_get_their_draft_slots_on_top_of_the_kv_pool(tmp
 def test_cpu_kv_pool_counts_the_shape_and_running_requests_passed_after_the_double_dash(tmp_path: Path) -> None:
     """sglang reads the last ``--speculative-*`` / ``--max-running-requests`` it is given, so the
     pool is sized from what is passed through after ``--``, not from the options it overrides."""
+
     def launch(extra: tuple[str, ...], **kw) -> list[str]:
-        return build_command(ServerOptions(model_path=tmp_path, device="cpu", draft_path=tmp_path,
-                                           extra_args=extra, **kw)).argv
+        return build_command(
+            ServerOptions(model_path=tmp_path, device="cpu", draft_path=tmp_path, extra_args=extra, **kw)
+        ).argv
 
     def pool(extra: tuple[str, ...], **kw) -> int:
         argv = launch(extra, **kw)
@@ -207,8 +225,13 @@ def test_draft_slots_per_request_match_sglangs_own_reservation(tmp_path: Path, m
     from sglang.srt.mem_cache import allocation_sizing
 
     for steps, topk, tokens in ((3, 1, 4), (3, 3, 5), (2, 2, 8), (5, 4, 8)):
-        monkeypatch.setattr(allocation_sizing, "get_spec", lambda: SimpleNamespace(
-            speculative_algorithm="EAGLE3", speculative_num_steps=steps, speculative_eagle_topk=topk))
+        monkeypatch.setattr(
+            allocation_sizing,
+            "get_spec",
+            lambda: SimpleNamespace(
+                speculative_algorithm="EAGLE3", speculative_num_steps=steps, speculative_eagle_topk=topk
+            ),
+        )
         monkeypatch.setattr(allocation_sizing, "max_speculative_num_draft_tokens", lambda: tokens)
         monkeypatch.setattr(allocation_sizing, "get_alloc_page_size", lambda: 1)
         opts = ServerOptions(model_path=tmp_path, spec="eagle3", spec_options=SpecOptions(steps, topk, tokens))
@@ -227,8 +250,11 @@ def test_cpu_servers_keep_mallocs_large_blocks_unless_told_otherwise(tmp_path: P
 
 
 def test_build_command_eagle3_gpu_has_no_cpu_flags(tmp_path: Path) -> None:
-    cmd = build_command(ServerOptions(model_path=tmp_path, spec="eagle3", draft_path=tmp_path,
-                                      device="cuda", spec_options=SpecOptions(5, 4, 8)))
+    cmd = build_command(
+        ServerOptions(
+            model_path=tmp_path, spec="eagle3", draft_path=tmp_path, device="cuda", spec_options=SpecOptions(5, 4, 8)
+        )
+    )
     argv = " ".join(cmd.argv)
     assert "SGLANG_USE_CPU_ENGINE" not in cmd.env and "--device cpu" not in argv
     assert "--speculative-algorithm EAGLE3" in argv
@@ -239,8 +265,11 @@ def test_build_command_eagle3_gpu_has_no_cpu_flags(tmp_path: Path) -> None:
 
 def test_failed_start_is_reported_and_cleaned_up(tmp_path: Path) -> None:
     """A server that dies during start-up raises with its log tail and leaves no process."""
-    srv = SGLangServer(ServerOptions(model_path=tmp_path / "missing", port=32096, device="cpu"),
-                       log_path=tmp_path / "log.txt", startup_timeout=120)
+    srv = SGLangServer(
+        ServerOptions(model_path=tmp_path / "missing", port=32096, device="cpu"),
+        log_path=tmp_path / "log.txt",
+        startup_timeout=120,
+    )
     with pytest.raises(ServerStartError) as ei:
         with srv:
             pass
@@ -284,7 +313,8 @@ def test_a_server_process_dies_with_its_parent() -> None:
     script = (
         "import subprocess, sys, time\n"
         "from sglang_echo.serve.server import die_with_parent\n"
-        "p = subprocess.Popen(die_with_parent([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(120)']),\n"
+        "p = subprocess.Popen(die_with_parent([sys.executable, '-c', "
+        "'import time; print(1, flush=True); time.sleep(120)']),\n"
         "                     stdout=subprocess.PIPE, text=True)\n"
         "p.stdout.readline()  # the child runs its own code: past the prctl and the exec\n"
         "print(p.pid, flush=True)\n"
@@ -304,14 +334,20 @@ def test_a_server_process_dies_with_its_parent() -> None:
 def test_server_cpu_seconds_count_the_whole_process_tree() -> None:
     """echo-bench serve's CPU per token: the server's CPU is its process plus its live children
     (sglang's scheduler does the work, in a child)."""
-    child = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\nprint(1, flush=True)\ntime.sleep(60)\n"
-    parent = ("import subprocess, sys, time\n"
-              f"c = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, text=True)\n"
-              "c.stdout.readline(); print(1, flush=True); time.sleep(60)\n")
+    child = (
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+        "print(1, flush=True)\ntime.sleep(60)\n"
+    )
+    parent = (
+        "import subprocess, sys, time\n"
+        f"c = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, text=True)\n"
+        "c.stdout.readline(); print(1, flush=True); time.sleep(60)\n"
+    )
     srv = SGLangServer(ServerOptions(port=32098, model_path=Path("unused")))
     assert srv.cpu_seconds() == 0.0  # not started
-    srv.proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True,
-                                start_new_session=True)
+    srv.proc = subprocess.Popen(
+        [sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         srv.proc.stdout.readline()  # the child has burnt its 0.5 s
         assert srv.cpu_seconds() >= 0.5
@@ -324,14 +360,17 @@ def test_server_cpu_seconds_count_the_whole_process_tree() -> None:
 def test_stop_does_not_wait_out_a_launcher_that_lingers_after_its_children() -> None:
     """sglang's launcher, seeing a child die of the SIGTERM, sleeps before exiting: stop() kills
     it once its children have exited instead of waiting out the grace period, and leaves nothing."""
-    lingering = ("import signal, subprocess, sys, time\n"
-                 "signal.signal(signal.SIGTERM, lambda *_: None)  # sglang's launcher: 'crash' diagnostics first\n"
-                 "c = subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(60)'],\n"
-                 "                     stdout=subprocess.PIPE, text=True)\n"
-                 "c.stdout.readline(); print(c.pid, flush=True); time.sleep(60)\n")
+    lingering = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: None)  # sglang's launcher: 'crash' diagnostics first\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(60)'],\n"
+        "                     stdout=subprocess.PIPE, text=True)\n"
+        "c.stdout.readline(); print(c.pid, flush=True); time.sleep(60)\n"
+    )
     srv = SGLangServer(ServerOptions(port=32098, model_path=Path("unused")))
-    srv.proc = subprocess.Popen([sys.executable, "-c", lingering], stdout=subprocess.PIPE, text=True,
-                                start_new_session=True)
+    srv.proc = subprocess.Popen(
+        [sys.executable, "-c", lingering], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     parent, child = srv.proc, int(srv.proc.stdout.readline())
     t0 = time.monotonic()
     srv.stop(grace=60)

@@ -15,6 +15,7 @@ from sglang_echo.models.drafts import stage_head
 from sglang_echo.models.tiny import write_tiny_eagle3_draft
 from sglang_echo.serve.client import Generation, generate_many
 from sglang_echo.serve.flags import SpecOptions
+
 from .conftest import LazyServer, start_server
 
 pytestmark = pytest.mark.server
@@ -42,8 +43,9 @@ def prompt_ids(smollm2_dir: Path) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def reference(baseline: LazyServer, prompt_ids: list[list[int]]) -> list[Generation]:
-    outs = generate_many(baseline.get().base_url, prompt_ids, workers=WORKERS,
-                         max_new_tokens=MAX_NEW_TOKENS, timeout=GEN_TIMEOUT)
+    outs = generate_many(
+        baseline.get().base_url, prompt_ids, workers=WORKERS, max_new_tokens=MAX_NEW_TOKENS, timeout=GEN_TIMEOUT
+    )
     baseline.release()  # free the CPU for the speculative servers that follow
     return outs
 
@@ -72,9 +74,12 @@ MIN_TOKENS_PER_STEP_SHIPPED = 1.2  # offline 8-token chains reach ~1.4 (model ca
 # server (~2.5 min on the 2-core box), so it runs with SGLANG_ECHO_TEST_EXTENDED=1.
 EXTENDED = os.environ.get("SGLANG_ECHO_TEST_EXTENDED") == "1"
 PARAMS = [
-    pytest.param(name, marks=pytest.mark.skipif(
-        name == "eagle3-chain-random" and not EXTENDED,
-        reason="extended case: set SGLANG_ECHO_TEST_EXTENDED=1"))
+    pytest.param(
+        name,
+        marks=pytest.mark.skipif(
+            name == "eagle3-chain-random" and not EXTENDED, reason="extended case: set SGLANG_ECHO_TEST_EXTENDED=1"
+        ),
+    )
     for name in CASES
 ]
 
@@ -92,8 +97,9 @@ def test_greedy_is_lossless(
     srv = start_server(smollm2_dir, spec=spec, draft_path=draft, spec_options=spec_opts)
     try:
         t0 = time.monotonic()
-        got = generate_many(srv.base_url, prompt_ids, workers=WORKERS,
-                            max_new_tokens=MAX_NEW_TOKENS, timeout=GEN_TIMEOUT)
+        got = generate_many(
+            srv.base_url, prompt_ids, workers=WORKERS, max_new_tokens=MAX_NEW_TOKENS, timeout=GEN_TIMEOUT
+        )
         gen_s = time.monotonic() - t0
     finally:
         srv.stop()
@@ -107,8 +113,10 @@ def test_greedy_is_lossless(
     verify = sum(g.meta.get("spec_verify_ct", 0) for g in got)
     accepted = sum(g.meta.get("spec_num_correct_drafts", 0) for g in got)
     tokens = sum(len(g.output_ids) for g in got)
-    print(f"\n[{case}] {len(got)} prompts, {tokens} tokens, {verify} verify steps, "
-          f"{accepted} accepted draft tokens, generation {gen_s:.1f}s")
+    print(
+        f"\n[{case}] {len(got)} prompts, {tokens} tokens, {verify} verify steps, "
+        f"{accepted} accepted draft tokens, generation {gen_s:.1f}s"
+    )
     assert verify > 0, "speculation did not run (no verify steps reported)"
     if draft_kw is None or draft_kw == "shipped":
         assert accepted > 0, "no draft was ever accepted: the accept path went untested"

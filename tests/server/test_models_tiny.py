@@ -23,8 +23,7 @@ def test_tiny_llama_loads_and_generates(tmp_path: Path, smollm2_dir: Path) -> No
     art = write_tiny_llama(tmp_path / "tiny", smollm2_dir)
     tok = AutoTokenizer.from_pretrained(str(art.path))
     model = AutoModelForCausalLM.from_pretrained(str(art.path)).eval()
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     ids = tok(text, return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tok.eos_token_id)
     assert out.shape[1] == ids.shape[1] + 4
@@ -62,8 +61,9 @@ def test_tiny_eagle3_layout_matches_sglang(tmp_path: Path, smollm2_dir: Path) ->
 
 
 def test_early_exit_draft_copies_target_head(tmp_path: Path, smollm2_dir: Path) -> None:
-    art = write_tiny_eagle3_draft(tmp_path / "ee", smollm2_dir, draft_vocab_size=512,
-                                  init="early_exit", aux_layer_ids=[1, 14, 28])
+    art = write_tiny_eagle3_draft(
+        tmp_path / "ee", smollm2_dir, draft_vocab_size=512, init="early_exit", aux_layer_ids=[1, 14, 28]
+    )
     assert art.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 28]
     t = _tensors(art.path)
     with safe_open(str(smollm2_dir / "model.safetensors"), "pt") as f:

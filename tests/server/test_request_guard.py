@@ -41,19 +41,24 @@ def test_ids_that_are_not_int64s_are_refused(ids) -> None:
 
 
 def test_valid_requests_pass() -> None:
-    for obj in (req(input_ids=[0, 5, VOCAB - 1]), req(text="hi", top_logprobs_num=VOCAB, logprob_start_len=-1),
-                req(input_ids=[3], sampling_params={"top_k": -1, "stop_token_ids": [0, VOCAB - 1]}),
-                req(input_ids=[3], session_params={"id": "s", "offset": 2, "replace": False})):
+    for obj in (
+        req(input_ids=[0, 5, VOCAB - 1]),
+        req(text="hi", top_logprobs_num=VOCAB, logprob_start_len=-1),
+        req(input_ids=[3], sampling_params={"top_k": -1, "stop_token_ids": [0, VOCAB - 1]}),
+        req(input_ids=[3], session_params={"id": "s", "offset": 2, "replace": False}),
+    ):
         guard.check_request(obj, obj.input_ids or [7], LIMITS)
 
 
 def test_the_final_prompt_is_checked() -> None:
     """Text prompts: the tokenizer's ids (empty, or beyond the model's vocabulary)."""
-    assert rejected(req(text=""), []) == ("the prompt is empty: input_ids (tokenized text) has no tokens; "
-                                          "a request needs at least one")
+    assert rejected(req(text=""), []) == (
+        "the prompt is empty: input_ids (tokenized text) has no tokens; a request needs at least one"
+    )
     assert rejected(req(input_ids=[]), []).startswith("the prompt is empty: input_ids has no tokens")
     assert rejected(req(text="hi"), [5, VOCAB]) == (
-        f"input_ids (tokenized text)[1] = {VOCAB} is outside the vocabulary [0, {VOCAB})")
+        f"input_ids (tokenized text)[1] = {VOCAB} is outside the vocabulary [0, {VOCAB})"
+    )
 
 
 def test_multimodal_placeholders_are_left_to_the_processor() -> None:
@@ -64,13 +69,16 @@ def test_multimodal_placeholders_are_left_to_the_processor() -> None:
 
 def test_sampling_fields() -> None:
     assert rejected(req(input_ids=[1], sampling_params={"stop_token_ids": [4, -5]})) == (
-        f"sampling_params.stop_token_ids[1] = -5 is outside the vocabulary [0, {VOCAB})")
+        f"sampling_params.stop_token_ids[1] = -5 is outside the vocabulary [0, {VOCAB})"
+    )
     for top_k in (0, -2, 2**31, 2**40):
         assert rejected(req(input_ids=[1], sampling_params={"top_k": top_k})) == (
-            f"sampling_params.top_k (-1: all) = {top_k} must be in [1, {2**31 - 1}]")
+            f"sampling_params.top_k (-1: all) = {top_k} must be in [1, {2**31 - 1}]"
+        )
     assert "must be an integer, got a string" in rejected(req(input_ids=[1], sampling_params={"top_k": "5"}))
     assert rejected(req(input_ids=[1], sampling_params={"stop_regex": ["a+", "\\p{Lu}+"]})).startswith(
-        "sampling_params.stop_regex[1] = '\\\\p{Lu}+' is not a valid regular expression: bad escape \\p")
+        "sampling_params.stop_regex[1] = '\\\\p{Lu}+' is not a valid regular expression: bad escape \\p"
+    )
     guard.check_request(req(input_ids=[1], sampling_params={"stop_regex": "[0-9]+"}), [1], LIMITS)
 
 
@@ -86,12 +94,14 @@ def test_positional_embed_overrides() -> None:
 
     assert rejected(req(input_ids=[1, 2], positional_embed_overrides=[1, 2])) == (
         "positional_embed_overrides must be a PositionalEmbeds object (Engine API); a request cannot carry it as "
-        "an array")
+        "an array"
+    )
     ok = PositionalEmbeds(embeds=torch.zeros(1, 8), positions=[1])
     guard.check_request(req(input_ids=[1, 2], positional_embed_overrides=ok), [1, 2], LIMITS)
     past = PositionalEmbeds(embeds=torch.zeros(1, 8), positions=[2])
     assert rejected(req(input_ids=[1, 2], positional_embed_overrides=past)) == (
-        "positional_embed_overrides.positions[0] = 2 is outside the prompt [0, 2)")
+        "positional_embed_overrides.positions[0] = 2 is outside the prompt [0, 2)"
+    )
 
 
 def test_override_types_are_checked_before_the_batch_is_split() -> None:
@@ -111,15 +121,19 @@ def test_per_prompt_lists_have_one_entry_per_prompt() -> None:
         ({"input_ids": [[1]], "sampling_params": []}, "sampling_params has 0 entries"),
         ({"input_ids": [[1], [2]], "token_ids_logprob": [[1]]}, "token_ids_logprob has 1 entries"),
         ({"text": ["a", "b"], "lora_path": ["x", "y", "z"]}, "lora_path has 3 entries"),
-        ({"input_ids": [1, 2], "sampling_params": [{"max_new_tokens": 2}]},
-         "sampling_params must not be a list for a single prompt, got an array"),
+        (
+            {"input_ids": [1, 2], "sampling_params": [{"max_new_tokens": 2}]},
+            "sampling_params must not be a list for a single prompt, got an array",
+        ),
         ({"input_ids": [1, 2], "lora_path": [], "sampling_params": {"n": 2}}, "lora_path must not be a list"),
     ):
         with pytest.raises(RequestRejected, match=error):
             guard.before_normalize(req(**fields))
-    for fields in ({"input_ids": [[1], [2]], "token_ids_logprob": [1]},  # one list for every prompt
-                   {"text": ["a", "b"], "return_logprob": [True, False], "sampling_params": [{}, {"n": 1}]},
-                   {"input_ids": [[1]], "sampling_params": [{}]}):
+    for fields in (
+        {"input_ids": [[1], [2]], "token_ids_logprob": [1]},  # one list for every prompt
+        {"text": ["a", "b"], "return_logprob": [True, False], "sampling_params": [{}, {"n": 1}]},
+        {"input_ids": [[1]], "sampling_params": [{}]},
+    ):
         guard.before_normalize(req(**fields))
 
 
@@ -127,15 +141,17 @@ def test_logit_bias_values() -> None:
     guard.check_request(req(input_ids=[1], sampling_params={"logit_bias": {"5": -100, "6": 100.0}}), [1], LIMITS)
     for value in (1e308, -100.5, float("nan"), "1", True):
         assert rejected(req(input_ids=[1], sampling_params={"logit_bias": {"5": value}})) == (
-            f"sampling_params.logit_bias['5'] = {value!r} must be a number in [-100, 100]")
+            f"sampling_params.logit_bias['5'] = {value!r} must be a number in [-100, 100]"
+        )
 
 
 def test_session_params() -> None:
     assert rejected(req(input_ids=[1], session_params={"+": {}})) == (
-        "session_params has unknown field(s) ['+']; it takes ['id', 'rid', 'offset', 'replace', "
-        "'drop_previous_output']")
+        "session_params has unknown field(s) ['+']; it takes ['id', 'rid', 'offset', 'replace', 'drop_previous_output']"
+    )
     assert rejected(req(input_ids=[1], session_params={"offset": "x"})) == (
-        "session_params.offset: Expected `int | null`, got `str`")
+        "session_params.offset: Expected `int | null`, got `str`"
+    )
 
 
 def test_input_embeds_shape_and_length() -> None:
@@ -158,25 +174,35 @@ def test_parallel_samples_are_bounded_before_expansion() -> None:
 
 def test_limits_come_from_the_served_model_without_a_tokenizer() -> None:
     """``--skip-tokenizer-init``: the manager has no tokenizer, its model config still bounds ids."""
-    manager = SimpleNamespace(tokenizer=None, context_len=32,
-                              model_config=SimpleNamespace(vocab_size=100, hidden_size=8))
+    manager = SimpleNamespace(
+        tokenizer=None, context_len=32, model_config=SimpleNamespace(vocab_size=100, hidden_size=8)
+    )
     guard.before_validate_one_request(manager, req(input_ids=[99]), [99])
     with pytest.raises(RequestRejected, match=r"input_ids\[0\] = 100 is outside the vocabulary \[0, 100\)"):
         guard.before_validate_one_request(manager, req(input_ids=[100]), [100])
 
 
-@pytest.mark.parametrize("path, body, error", [
-    ("/v1/chat/completions", None, "the request body must be a JSON object, got null"),
-    ("/v1/completions", [1], "the request body must be a JSON object, got an array"),
-    ("/v1/chat/completions", {"response_format": [1]}, "response_format must be a JSON object, got an array"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "schema": "x"}},
-     "response_format.schema must be a JSON object, got a string"),
-    ("/v1/chat/completions", {"response_format": {"schema": {"properties": {"strict": 1}}}},
-     "response_format.schema.properties.strict must be a JSON object, got a number"),
-    ("/v1/chat/completions", {"response_format": {"type": "text"}}, None),
-    ("/v1/chat/completions", {"response_format": None}, None),
-    ("/generate", [1], None),  # sglang's own contract check answers /generate
-])
+@pytest.mark.parametrize(
+    "path, body, error",
+    [
+        ("/v1/chat/completions", None, "the request body must be a JSON object, got null"),
+        ("/v1/completions", [1], "the request body must be a JSON object, got an array"),
+        ("/v1/chat/completions", {"response_format": [1]}, "response_format must be a JSON object, got an array"),
+        (
+            "/v1/chat/completions",
+            {"response_format": {"type": "json_schema", "schema": "x"}},
+            "response_format.schema must be a JSON object, got a string",
+        ),
+        (
+            "/v1/chat/completions",
+            {"response_format": {"schema": {"properties": {"strict": 1}}}},
+            "response_format.schema.properties.strict must be a JSON object, got a number",
+        ),
+        ("/v1/chat/completions", {"response_format": {"type": "text"}}, None),
+        ("/v1/chat/completions", {"response_format": None}, None),
+        ("/generate", [1], None),  # sglang's own contract check answers /generate
+    ],
+)
 def test_body_shapes(path: str, body, error) -> None:
     assert guard.body_shape_error(path, body) == error
 
@@ -204,10 +230,12 @@ def test_registration(monkeypatch) -> None:
     registry = SimpleNamespace(register=lambda target, fn, kind: registered.append((target, fn, kind)))
     kinds = SimpleNamespace(BEFORE="before", AROUND="around")
     guard.register(registry, kinds)
-    assert registered == [(guard.VALIDATE_ONE, guard.before_validate_one_request, "before"),
-                          (guard.NORMALIZE, guard.before_normalize, "before"),
-                          (guard.GRAMMAR_MATCHER, guard.refuse_empty_grammar, "around"),
-                          (guard.PARSE_JSON, guard.object_json_body, "around")]
+    assert registered == [
+        (guard.VALIDATE_ONE, guard.before_validate_one_request, "before"),
+        (guard.NORMALIZE, guard.before_normalize, "before"),
+        (guard.GRAMMAR_MATCHER, guard.refuse_empty_grammar, "around"),
+        (guard.PARSE_JSON, guard.object_json_body, "around"),
+    ]
     registered.clear()
     monkeypatch.setattr(guard, "serves_http", lambda: False)  # a process sglang spawned
     guard.register(registry, kinds)

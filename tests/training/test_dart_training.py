@@ -62,7 +62,7 @@ def test_loss_weights_masks_and_the_kl_teacher():
     loss, _, counted = dart_loss(head, batch, teacher=uniform)
     # Output k of anchor t predicts x_{t+k+1}: answer labels (>= prompt_len) inside the draft vocab.
     for k in range(1, d + 1):
-        expected = sum(int(head.t2d[s.tokens[max(s.prompt_len, k + 1):]].sum()) for s in seqs)
+        expected = sum(int(head.t2d[s.tokens[max(s.prompt_len, k + 1) :]].sum()) for s in seqs)
         assert int(counted[k - 1]) == expected
     # KL(uniform || p) by hand over the same rows, weighted gamma^(k-1).
     logp = torch.log_softmax(head.logits(prefix_shared_forward(head, batch)), -1)
@@ -70,7 +70,9 @@ def test_loss_weights_masks_and_the_kl_teacher():
     pos = torch.arange(n)
     want = 0.0
     for k in range(1, d + 1):
-        rows = ((pos + k + 1)[None, :] < batch.lengths[:, None]) & ((pos + k + 1)[None, :] >= batch.prompt_lengths[:, None])
+        rows = ((pos + k + 1)[None, :] < batch.lengths[:, None]) & (
+            (pos + k + 1)[None, :] >= batch.prompt_lengths[:, None]
+        )
         kl = (-math.log(VD) - logp[:, :, k - 1][rows].mean(-1)).mean()
         want += GAMMA ** (k - 1) * float(kl.detach())
     assert float(loss) == pytest.approx(want, rel=1e-6)  # the loss takes log_softmax in float32
@@ -122,9 +124,30 @@ def test_cli_trains_a_dart_head_with_the_target_as_teacher(tmp_path, smollm2_dir
     torch.testing.assert_close(got, torch.log_softmax(out.logits[..., ids], -1), atol=1e-5, rtol=1e-5)
 
     out_dir = tmp_path / "head"
-    main(["--kind", "dart", "--model", str(target), "--out", str(out_dir), "--num-prompts", "4",
-          "--max-new-tokens", "10", "--gen-backend", "hf",
-          "--epochs", "1", "--draft-vocab", "256", "--batch-tokens", "256", "--dart-depth", "3"])
+    main(
+        [
+            "--kind",
+            "dart",
+            "--model",
+            str(target),
+            "--out",
+            str(out_dir),
+            "--num-prompts",
+            "4",
+            "--max-new-tokens",
+            "10",
+            "--gen-backend",
+            "hf",
+            "--epochs",
+            "1",
+            "--draft-vocab",
+            "256",
+            "--batch-tokens",
+            "256",
+            "--dart-depth",
+            "3",
+        ]
+    )
     cfg = json.loads((out_dir / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMDart"] and cfg["draft_length"] == 2
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
@@ -136,10 +159,30 @@ def test_cli_trains_a_dart_head_with_the_target_as_teacher(tmp_path, smollm2_dir
     assert torch.isfinite(F.normalize(head.mask_rep, dim=-1)).all()
 
     # Go on training that head (its draft vocabulary kept) with CE on the labels; another depth is refused.
-    args = ["--kind", "dart", "--model", str(target), "--data", str(out_dir / "data"), "--num-prompts", "4",
-            "--max-new-tokens", "10",
-            "--gen-backend", "hf", "--epochs", "1", "--draft-vocab", "256", "--batch-tokens", "256",
-            "--dart-teacher", "labels", "--init-from", str(out_dir)]
+    args = [
+        "--kind",
+        "dart",
+        "--model",
+        str(target),
+        "--data",
+        str(out_dir / "data"),
+        "--num-prompts",
+        "4",
+        "--max-new-tokens",
+        "10",
+        "--gen-backend",
+        "hf",
+        "--epochs",
+        "1",
+        "--draft-vocab",
+        "256",
+        "--batch-tokens",
+        "256",
+        "--dart-teacher",
+        "labels",
+        "--init-from",
+        str(out_dir),
+    ]
     more = tmp_path / "more"
     main([*args, "--dart-depth", "3", "--out", str(more)])
     report = json.loads((more / "training_report.json").read_text())

@@ -7,8 +7,8 @@ import torch
 
 from sglang_echo.training import datagen
 from sglang_echo.training.datagen import generate, up_to_eos
-from sglang_echo.training.shards import read_shards
 from sglang_echo.training.prompt_pool import build_pool
+from sglang_echo.training.shards import read_shards
 
 
 def test_rows_end_at_the_first_eos():

@@ -163,9 +163,30 @@ def test_cli_trains_a_dflash_head(tmp_path, smollm2_dir, capsys):
     torch.set_num_threads(1)
     target = write_tiny_llama(tmp_path / "target", smollm2_dir, num_layers=8).path
     out = tmp_path / "head"
-    main(["--kind", "dflash", "--model", str(target), "--out", str(out), "--num-prompts", "6",
-          "--max-new-tokens", "12", "--gen-backend", "hf",
-          "--epochs", "1", "--batch-tokens", "256", "--block-size", "4", "--draft-layers", "1"])
+    main(
+        [
+            "--kind",
+            "dflash",
+            "--model",
+            str(target),
+            "--out",
+            str(out),
+            "--num-prompts",
+            "6",
+            "--max-new-tokens",
+            "12",
+            "--gen-backend",
+            "hf",
+            "--epochs",
+            "1",
+            "--batch-tokens",
+            "256",
+            "--block-size",
+            "4",
+            "--draft-layers",
+            "1",
+        ]
+    )
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["num_hidden_layers"] == 1
     assert cfg["dflash_config"]["target_layer_ids"] == [1, 3, 4] and cfg["dflash_config"]["block_size"] == 4
@@ -179,9 +200,28 @@ def test_cli_trains_a_dflash_head(tmp_path, smollm2_dir, capsys):
     assert F.embedding(torch.tensor([0]), head.embed).shape == (1, cfg["hidden_size"])
 
     # Go on training that head on the same data; other flags' geometry is refused.
-    args = ["--kind", "dflash", "--model", str(target), "--data", str(out / "data"), "--num-prompts", "6",
-            "--max-new-tokens", "12",
-            "--gen-backend", "hf", "--epochs", "1", "--batch-tokens", "256", "--block-size", "4", "--init-from", str(out)]
+    args = [
+        "--kind",
+        "dflash",
+        "--model",
+        str(target),
+        "--data",
+        str(out / "data"),
+        "--num-prompts",
+        "6",
+        "--max-new-tokens",
+        "12",
+        "--gen-backend",
+        "hf",
+        "--epochs",
+        "1",
+        "--batch-tokens",
+        "256",
+        "--block-size",
+        "4",
+        "--init-from",
+        str(out),
+    ]
     more = tmp_path / "more"
     main([*args, "--draft-layers", "1", "--out", str(more)])
     report = json.loads((more / "training_report.json").read_text())

@@ -19,7 +19,7 @@ from sglang_echo.training.batches import collate
 from sglang_echo.training.eagle3 import draft_vocab, init_head, ttt_loss, ttt_unroll
 from sglang_echo.training.features import Sequence
 from sglang_echo.training.trainer import TrainConfig, resolve_precision, train
-from tests.drafters.test_eagle3 import DT, H, V, VD, make_head, reference_logps
+from tests.drafters.test_eagle3 import DT, VD, H, V, make_head, reference_logps
 from tests.training.resume import train_interrupted_and_resumed
 
 
@@ -57,7 +57,7 @@ def test_loss_masks_prompt_padding_and_out_of_vocab_labels():
     _, _, counted = ttt_loss(head, collate(seqs), steps=2)
     in_vocab = head.t2d
     for j in range(2):
-        expected = sum(int(in_vocab[s.tokens[max(s.prompt_len, j + 2):]].sum()) for s in seqs)
+        expected = sum(int(in_vocab[s.tokens[max(s.prompt_len, j + 2) :]].sum()) for s in seqs)
         assert int(counted[j]) == expected
 
 
@@ -124,8 +124,16 @@ def test_bf16_autocast_trains_fp32_weights(tmp_path):
     cfg = TrainConfig(epochs=6, lr=3e-3, warmup_steps=2, batch_tokens=64, save_every=100, seed=0)
     head = _fresh_head()
     before = ttt_loss(head, collate(seqs), 2)[0].item()
-    train(head, lambda m, b: ttt_loss(m, b, steps=2), lambda out: head.save(out, dtype=torch.float32), seqs, [],
-          cfg, tmp_path, precision="bf16")
+    train(
+        head,
+        lambda m, b: ttt_loss(m, b, steps=2),
+        lambda out: head.save(out, dtype=torch.float32),
+        seqs,
+        [],
+        cfg,
+        tmp_path,
+        precision="bf16",
+    )
     assert ttt_loss(head, collate(seqs), 2)[0].item() < 0.5 * before
     assert all(p.dtype == torch.float32 for p in head.parameters())
     with pytest.raises(ValueError, match="precision"):
@@ -141,9 +149,28 @@ def test_cli_trains_a_head_sglang_can_load(tmp_path, smollm2_dir, capsys):
     torch.set_num_threads(1)
     target = write_tiny_llama(tmp_path / "target", smollm2_dir, num_layers=8).path
     out = tmp_path / "head"
-    main(["--model", str(target), "--out", str(out), "--num-prompts", "6",
-          "--max-new-tokens", "12", "--gen-backend", "hf",
-          "--epochs", "1", "--draft-vocab", "512", "--batch-tokens", "256", "--ttt-steps", "2"])
+    main(
+        [
+            "--model",
+            str(target),
+            "--out",
+            str(out),
+            "--num-prompts",
+            "6",
+            "--max-new-tokens",
+            "12",
+            "--gen-backend",
+            "hf",
+            "--epochs",
+            "1",
+            "--draft-vocab",
+            "512",
+            "--batch-tokens",
+            "256",
+            "--ttt-steps",
+            "2",
+        ]
+    )
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
     # sglang's ids name layer *outputs*; the trainer captured the inputs of layers 2, 4, 5.
@@ -156,10 +183,30 @@ def test_cli_trains_a_head_sglang_can_load(tmp_path, smollm2_dir, capsys):
 
     # Go on training that head against the target's distribution, on the same data.
     more = tmp_path / "more"
-    args = ["--model", str(target), "--data", str(out / "data"), "--num-prompts", "6",
-            "--max-new-tokens", "12", "--gen-backend", "hf",
-            "--epochs", "1", "--draft-vocab", "512",
-            "--batch-tokens", "256", "--ttt-steps", "2", "--init-from", str(out), "--eagle3-teacher", "target"]
+    args = [
+        "--model",
+        str(target),
+        "--data",
+        str(out / "data"),
+        "--num-prompts",
+        "6",
+        "--max-new-tokens",
+        "12",
+        "--gen-backend",
+        "hf",
+        "--epochs",
+        "1",
+        "--draft-vocab",
+        "512",
+        "--batch-tokens",
+        "256",
+        "--ttt-steps",
+        "2",
+        "--init-from",
+        str(out),
+        "--eagle3-teacher",
+        "target",
+    ]
     main([*args, "--out", str(more)])
     report = json.loads((more / "training_report.json").read_text())
     assert report["init_from"] == str(out) and report["eagle3_teacher"] == "target"

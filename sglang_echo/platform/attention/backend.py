@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import torch
-
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
 from sglang_echo.core.dense import RAGGED_MARK
 from sglang_echo.platform import deterministic
 from sglang_echo.platform.attention.invariant import KeyLayout, causal_layout, invariant_attention, tree_layout
@@ -80,9 +80,7 @@ class EchoTorchAttnBackend(AttentionBackend):
             self.extend_metadata = ExtendMetadata(q_lens, kv_lens, max_q, max_kv, tree)
             return
         q_lens = forward_batch.extend_seq_lens.to(torch.int64)
-        self.extend_metadata = ExtendMetadata(
-            q_lens, seq_lens, int(q_lens.max()), int(seq_lens.max()), None
-        )
+        self.extend_metadata = ExtendMetadata(q_lens, seq_lens, int(q_lens.max()), int(seq_lens.max()), None)
 
     # ---- forwards -------------------------------------------------------------------------
     def _save_kv(self, layer: RadixAttention, forward_batch: ForwardBatch, k, v, save: bool) -> None:
@@ -94,8 +92,9 @@ class EchoTorchAttnBackend(AttentionBackend):
         if layer.is_cross_attention or (layer.logit_cap or 0) > 0:
             raise NotImplementedError("echo_torch: cross-attention / logit soft-cap are not supported")
 
-    def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
-                       save_kv_cache: bool = True, **_: object) -> torch.Tensor:
+    def forward_extend(
+        self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache: bool = True, **_: object
+    ) -> torch.Tensor:
         self._check_layer(layer)
         self._save_kv(layer, forward_batch, k, v, save_kv_cache)
         md = self.extend_metadata
@@ -103,8 +102,11 @@ class EchoTorchAttnBackend(AttentionBackend):
         if self.deterministic:
             if self.layout is None:
                 r2t, req = self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices
-                self.layout = (causal_layout(r2t, req, md.q_lens, md.kv_lens) if md.tree is None
-                               else tree_layout(r2t, req, md.kv_lens - md.q_lens, md.q_lens, md.tree))
+                self.layout = (
+                    causal_layout(r2t, req, md.q_lens, md.kv_lens)
+                    if md.tree is None
+                    else tree_layout(r2t, req, md.kv_lens - md.q_lens, md.q_lens, md.tree)
+                )
             return self._invariant(q, layer, window)
         visible = md.tree
         if visible is None:
@@ -113,13 +115,18 @@ class EchoTorchAttnBackend(AttentionBackend):
             q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
-            md.q_lens, md.kv_lens, visible, layer.scaling,
+            self.req_to_token_pool.req_to_token,
+            forward_batch.req_pool_indices,
+            md.q_lens,
+            md.kv_lens,
+            visible,
+            layer.scaling,
         )
         return o.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
-    def forward_decode(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
-                       save_kv_cache: bool = True, **_: object) -> torch.Tensor:
+    def forward_decode(
+        self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache: bool = True, **_: object
+    ) -> torch.Tensor:
         self._check_layer(layer)
         self._save_kv(layer, forward_batch, k, v, save_kv_cache)
         if self.draft_decode_metadata is not None:
@@ -140,7 +147,12 @@ class EchoTorchAttnBackend(AttentionBackend):
             q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            req_to_token, req_pool_indices, q_lens, kv_lens, visible, layer.scaling,
+            req_to_token,
+            req_pool_indices,
+            q_lens,
+            kv_lens,
+            visible,
+            layer.scaling,
         )
         return o.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
@@ -149,7 +161,9 @@ class EchoTorchAttnBackend(AttentionBackend):
             q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            self.layout, layer.scaling, window,
+            self.layout,
+            layer.scaling,
+            window,
         )
         return o.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 

@@ -19,8 +19,11 @@ if TYPE_CHECKING:
 
 
 def build_draft_decode_metadata(
-    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-    topk: int, num_steps: int,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    topk: int,
+    num_steps: int,
 ) -> torch.Tensor:
     """Row (b * topk + k) = req_to_token[req_b, :seq_len_b] ++ branch k's num_steps draft slots.
 
@@ -58,7 +61,10 @@ class EchoTorchMultiStepDraftBackend:
         seq_lens = forward_batch.seq_lens
         req_to_token = self.attn_backends[0].req_to_token_pool.req_to_token
         table = build_draft_decode_metadata(
-            req_to_token, forward_batch.req_pool_indices, seq_lens, self.topk,
+            req_to_token,
+            forward_batch.req_pool_indices,
+            seq_lens,
+            self.topk,
             self.speculative_num_steps,
         )
         rows = torch.arange(table.shape[0], dtype=torch.int64, device=self.device)

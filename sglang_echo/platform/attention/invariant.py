@@ -66,8 +66,9 @@ class KeyLayout:
     cols: torch.Tensor  # [N] int64
 
 
-def causal_layout(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-                  q_lens: torch.Tensor, kv_lens: torch.Tensor) -> KeyLayout:
+def causal_layout(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, q_lens: torch.Tensor, kv_lens: torch.Tensor
+) -> KeyLayout:
     """Request b's ``q_lens[b]`` queries are its last positions ``kv_lens[b] - q_lens[b] ..``:
     decode, prefill, extend over a cached prefix, chain verify, draft extend and draft decode."""
     q_lens, kv_lens = q_lens.to(torch.int64), kv_lens.to(torch.int64)
@@ -79,8 +80,13 @@ def causal_layout(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     return KeyLayout(slots, qpos, rows, cols)
 
 
-def tree_layout(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
-                q_lens: torch.Tensor, visible: torch.Tensor) -> KeyLayout:
+def tree_layout(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    q_lens: torch.Tensor,
+    visible: torch.Tensor,
+) -> KeyLayout:
     """Tree verify: request b's draft node j has its KV at column ``prefix_lens[b] + j`` and sees
     the key columns ``visible[b, j]`` (``[bs, max_q, max_kv]`` bool: the prefix, its ancestors and
     itself); its first ``q_lens[b]`` nodes are queried. Each node is a group of one query at
@@ -105,16 +111,24 @@ def tree_layout(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, pref
     return KeyLayout(slots[:, :width], qpos, torch.arange(b.numel(), device=b.device), torch.zeros_like(b))
 
 
-def _request_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, lens: torch.Tensor,
-                   width: int) -> torch.Tensor:
+def _request_slots(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, lens: torch.Tensor, width: int
+) -> torch.Tensor:
     """``[G, width]`` pool slots of each group's first ``lens`` positions; slot 0 past them."""
     slots = req_to_token[req_pool_indices.to(torch.int64), :width].to(torch.int64)
     valid = torch.arange(width, device=slots.device)[None, :] < lens[:, None]
     return torch.where(valid, slots, 0)
 
 
-def invariant_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, layout: KeyLayout,
-                        scaling: float, window: int | None = None, chunk: int = CHUNK) -> torch.Tensor:
+def invariant_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    layout: KeyLayout,
+    scaling: float,
+    window: int | None = None,
+    chunk: int = CHUNK,
+) -> torch.Tensor:
     """``q`` ``[N, H, D]`` packed queries -> ``[N, H, Dv]`` in ``q``'s dtype (see the module doc)."""
     G, Q = layout.qpos.shape
     H, hkv, dv = q.shape[1], k_buffer.shape[1], v_buffer.shape[2]
@@ -122,7 +136,7 @@ def invariant_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch
     qg, qpos = _query_matrices(q, layout, hkv)
     rows = qg.shape[2]
     n_chunks = max(1, -(-(int(qpos.max()) + 1) // chunk))
-    slots = layout.slots[:, :n_chunks * chunk]
+    slots = layout.slots[:, : n_chunks * chunk]
     if slots.shape[1] < n_chunks * chunk:
         slots = torch.cat([slots, slots.new_zeros(G, n_chunks * chunk - slots.shape[1])], 1)
     m = torch.full((G, hkv, rows, 1), float("-inf"), device=q.device)
@@ -132,8 +146,9 @@ def invariant_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch
     per_block = max(1, _FLOATS_PER_BLOCK // (G * hkv * chunk * max(rows, q.shape[2] + dv)))
     for lo in range(0, n_chunks, per_block):
         hi = min(lo + per_block, n_chunks)
-        m_c, l_c, o_c = _chunk_stats(qg, qpos, k_buffer, v_buffer, slots[:, lo * chunk:hi * chunk], lo * chunk,
-                                     chunk, scaling, window)
+        m_c, l_c, o_c = _chunk_stats(
+            qg, qpos, k_buffer, v_buffer, slots[:, lo * chunk : hi * chunk], lo * chunk, chunk, scaling, window
+        )
         for c in range(hi - lo):  # fold in position order
             m_new = torch.maximum(m, m_c[:, :, c])
             ref = _finite(m_new)
@@ -141,7 +156,7 @@ def invariant_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch
             l_sum = l_sum * alpha + l_c[:, :, c] * beta
             acc = acc * alpha + o_c[:, :, c] * beta
             m = m_new
-    out = torch.where(l_sum > 0, acc / l_sum, 0.0)[:, :, :group * Q]  # padding rows: 0, dropped below
+    out = torch.where(l_sum > 0, acc / l_sum, 0.0)[:, :, : group * Q]  # padding rows: 0, dropped below
     out = out.view(G, hkv, group, Q, dv).permute(0, 3, 1, 2, 4).reshape(G, Q, H, dv)
     return out[layout.rows, layout.cols].to(q.dtype)
 
@@ -168,8 +183,17 @@ def _query_matrices(q: torch.Tensor, layout: KeyLayout, hkv: int) -> tuple[torch
     return qg, qpos
 
 
-def _chunk_stats(qg: torch.Tensor, qpos: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
-                 slots: torch.Tensor, first: int, chunk: int, scaling: float, window: int | None):
+def _chunk_stats(
+    qg: torch.Tensor,
+    qpos: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    slots: torch.Tensor,
+    first: int,
+    chunk: int,
+    scaling: float,
+    window: int | None,
+):
     """Each chunk's softmax statistics alone, for the chunks of ``slots`` (``[G, n * chunk]``, key
     positions from ``first``): ``m_c``, ``l_c`` ``[G, Hkv, n, rows, 1]`` and ``o_c`` ``[.., Dv]``."""
     G, hkv, D, dv = qg.shape[0], qg.shape[1], qg.shape[3], v_buffer.shape[2]

@@ -14,8 +14,9 @@ from torch.nn.functional import scaled_dot_product_attention
 from sglang_echo.platform.ops.ranges import ragged_ranges
 
 
-def causal_mask(q_lens: torch.Tensor, kv_lens: torch.Tensor, max_q: int, max_kv: int,
-                sliding_window: int | None = None) -> torch.Tensor:
+def causal_mask(
+    q_lens: torch.Tensor, kv_lens: torch.Tensor, max_q: int, max_kv: int, sliding_window: int | None = None
+) -> torch.Tensor:
     """Query i of request b sits at absolute position kv_len - q_len + i and sees keys <= it."""
     qpos = (kv_lens - q_lens)[:, None] + torch.arange(max_q, device=q_lens.device)[None, :]
     kpos = torch.arange(max_kv, device=q_lens.device)
@@ -25,8 +26,7 @@ def causal_mask(q_lens: torch.Tensor, kv_lens: torch.Tensor, max_q: int, max_kv:
     return mask
 
 
-def tree_mask(custom_mask: torch.Tensor, prefix_lens: torch.Tensor, num_draft: int,
-              max_kv: int) -> torch.Tensor:
+def tree_mask(custom_mask: torch.Tensor, prefix_lens: torch.Tensor, num_draft: int, max_kv: int) -> torch.Tensor:
     """Verify mask [bs, n, max_kv]: the whole prefix plus the draft-tree ancestor mask.
 
     sglang packs `custom_mask` per request, requests back to back, in one of two layouts
@@ -90,8 +90,11 @@ def paged_sdpa(
     mask = visible & kv_valid[:, None, :]
     mask[:, :, 0] |= ~mask.any(-1)  # keep padded query rows finite (their output is dropped)
     out = scaled_dot_product_attention(
-        qp.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=mask[:, None], scale=scaling,
+        qp.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=mask[:, None],
+        scale=scaling,
         enable_gqa=num_heads != k_buffer.shape[1],
     )
     return out.transpose(1, 2)[rows, cols]

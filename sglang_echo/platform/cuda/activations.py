@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 
 
-def _act_and_mul(act: Callable[[torch.Tensor], torch.Tensor], input: torch.Tensor,
-                 out: Optional[torch.Tensor]) -> torch.Tensor:
+def _act_and_mul(
+    act: Callable[[torch.Tensor], torch.Tensor], input: torch.Tensor, out: Optional[torch.Tensor]
+) -> torch.Tensor:
     d = input.shape[-1] // 2
     if out is None:
         out = input.new_empty(*input.shape[:-1], d)
@@ -25,16 +26,19 @@ def _act_and_mul(act: Callable[[torch.Tensor], torch.Tensor], input: torch.Tenso
     return out
 
 
-def silu_and_mul(input: torch.Tensor, out: Optional[torch.Tensor] = None,
-                 enable_pdl: Optional[bool] = None) -> torch.Tensor:
+def silu_and_mul(
+    input: torch.Tensor, out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None
+) -> torch.Tensor:
     return _act_and_mul(F.silu, input, out)
 
 
-def gelu_and_mul(input: torch.Tensor, out: Optional[torch.Tensor] = None,
-                 enable_pdl: Optional[bool] = None) -> torch.Tensor:
+def gelu_and_mul(
+    input: torch.Tensor, out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None
+) -> torch.Tensor:
     return _act_and_mul(F.gelu, input, out)
 
 
-def gelu_tanh_and_mul(input: torch.Tensor, out: Optional[torch.Tensor] = None,
-                      enable_pdl: Optional[bool] = None) -> torch.Tensor:
+def gelu_tanh_and_mul(
+    input: torch.Tensor, out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None
+) -> torch.Tensor:
     return _act_and_mul(lambda a: F.gelu(a, approximate="tanh"), input, out)

@@ -50,8 +50,7 @@ def bf16_gemm_config(original: Callable[..., Any], *args: Any, **kwargs: Any) ->
     """AROUND `initialize_bf16_gemm_config`: without `cutlass`, ``auto`` does not pick the CuTe DSL GEMM."""
     from sglang.srt.runtime_context import get_exec, get_platform, override_platform
 
-    if (not cutlass_dsl_present() and get_exec().kernel.bf16_gemm_backend == "auto"
-            and get_platform().is_sm100):
+    if not cutlass_dsl_present() and get_exec().kernel.bf16_gemm_backend == "auto" and get_platform().is_sm100:
         logger.info("sglang-echo CUDA platform: no nvidia-cutlass-dsl, BF16 GEMMs on cuBLAS (torch)")
         with override_platform(is_sm100=False):
             return original(*args, **kwargs)
@@ -91,5 +90,8 @@ def register(hook_registry: Any, around: Any) -> None:
     hook_registry.register(BF16_GEMM_TARGET, bf16_gemm_config, around)
     bound = bind_renorm_ops()
     if bound:
-        logger.info("sglang-echo CUDA platform: no flashinfer, speculative verify renormalises with %s "
-                    "from sglang_echo.platform.ops.spec_sampling", ", ".join(bound))
+        logger.info(
+            "sglang-echo CUDA platform: no flashinfer, speculative verify renormalises with %s "
+            "from sglang_echo.platform.ops.spec_sampling",
+            ", ".join(bound),
+        )

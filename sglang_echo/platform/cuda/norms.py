@@ -66,12 +66,17 @@ def jit_toolchain_present() -> bool:
 
 
 def _jit_eligible(x: torch.Tensor, weight: torch.Tensor, layout_ok: bool) -> bool:
-    return (layout_ok and x.is_cuda and x.dtype in _JIT_DTYPES and weight.dtype == x.dtype
-            and jit_toolchain_present())
+    return layout_ok and x.is_cuda and x.dtype in _JIT_DTYPES and weight.dtype == x.dtype and jit_toolchain_present()
 
 
-def _dispatch(op: str, x: torch.Tensor, weight: torch.Tensor, layout_ok: bool,
-              run_jit: Callable[[], None], run_triton: Callable[[], None]) -> NormBackend:
+def _dispatch(
+    op: str,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    layout_ok: bool,
+    run_jit: Callable[[], None],
+    run_triton: Callable[[], None],
+) -> NormBackend:
     """Run ``op`` on the backend chosen for its (op, hidden, dtype) key; the first JIT-eligible call
     of a key tries the JIT and keeps it, or keeps Triton if it raises. ``layout_ok``: this call's
     tensors have the layout the JIT kernel takes."""
@@ -84,8 +89,14 @@ def _dispatch(op: str, x: torch.Tensor, weight: torch.Tensor, layout_ok: bool,
         try:
             run_jit()
         except Exception as e:  # an unsupported size or a build failure: this key stays on Triton
-            logger.warning("sglang-echo CUDA platform: %s for hidden size %d %s runs on Triton "
-                           "(sglang's JIT kernel: %s: %s)", op, key[1], key[2], type(e).__name__, e)
+            logger.warning(
+                "sglang-echo CUDA platform: %s for hidden size %d %s runs on Triton (sglang's JIT kernel: %s: %s)",
+                op,
+                key[1],
+                key[2],
+                type(e).__name__,
+                e,
+            )
             _chosen[key] = NormBackend.TRITON
             run_triton()
             return NormBackend.TRITON
@@ -101,13 +112,17 @@ def _rows(t: torch.Tensor, name: str) -> torch.Tensor:
     try:
         return t.view(-1, t.shape[-1])
     except RuntimeError:
-        raise ValueError(f"rmsnorm: {name} of shape {tuple(t.shape)} and strides {t.stride()} "
-                         "cannot be viewed as rows") from None
+        raise ValueError(
+            f"rmsnorm: {name} of shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as rows"
+        ) from None
 
 
 def rmsnorm(
-    input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-    out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    out: Optional[torch.Tensor] = None,
+    enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     """``out = input * rsqrt(mean(input^2) + eps) * weight`` per row; returns ``out`` (new if None)."""
     if out is None:
@@ -121,13 +136,22 @@ def rmsnorm(
 
         jit_rmsnorm(x, weight, o, eps)
 
-    _dispatch("rmsnorm", x, weight, x.stride(-1) == 1 and o.stride(-1) == 1, run_jit,
-              lambda: triton_norms.rmsnorm_rows(x, weight, o, eps))
+    _dispatch(
+        "rmsnorm",
+        x,
+        weight,
+        x.stride(-1) == 1 and o.stride(-1) == 1,
+        run_jit,
+        lambda: triton_norms.rmsnorm_rows(x, weight, o, eps),
+    )
     return out
 
 
 def fused_add_rmsnorm(
-    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
     enable_pdl: Optional[bool] = None,
 ) -> None:
     """In place: ``residual += input``; ``input = rmsnorm(residual) * weight`` (see module docstring)."""
@@ -138,6 +162,8 @@ def fused_add_rmsnorm(
     def run_jit() -> None:
         from sglang.kernels.ops.layernorm.norm import (
             fused_add_rmsnorm as jit_fused_add_rmsnorm,
+        )
+        from sglang.kernels.ops.layernorm.norm import (
             is_supported_jit_fused_add_rmsnorm_hidden_size,
         )
 
@@ -145,5 +171,11 @@ def fused_add_rmsnorm(
             raise ValueError("hidden size must be a multiple of 16 up to 8192")
         jit_fused_add_rmsnorm(x, r, weight, eps)
 
-    _dispatch("fused_add_rmsnorm", x, weight, x.is_contiguous() and r.is_contiguous(), run_jit,
-              lambda: triton_norms.rmsnorm_rows(x, weight, x, eps, residual=r))
+    _dispatch(
+        "fused_add_rmsnorm",
+        x,
+        weight,
+        x.is_contiguous() and r.is_contiguous(),
+        run_jit,
+        lambda: triton_norms.rmsnorm_rows(x, weight, x, eps, residual=r),
+    )

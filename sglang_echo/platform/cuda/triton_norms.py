@@ -38,8 +38,17 @@ def _row_sum(x_row, r_row, cols, mask, HAS_RESIDUAL: tl.constexpr):
 
 @triton.jit
 def _rmsnorm_rows(
-    x_ptr, x_stride, r_ptr, r_stride, w_ptr, out_ptr, out_stride, hidden, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    x_stride,
+    r_ptr,
+    r_stride,
+    w_ptr,
+    out_ptr,
+    out_stride,
+    hidden,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_stride
@@ -64,7 +73,10 @@ def _rmsnorm_rows(
 
 
 def rmsnorm_rows(
-    x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    eps: float,
     residual: Optional[torch.Tensor] = None,
 ) -> None:
     """Normalise the rows of 2-D ``x`` into ``out`` (which may be ``x``); with ``residual``, first
@@ -74,13 +86,25 @@ def rmsnorm_rows(
         return
     for name, t in (("input", x), ("out", out), ("residual", residual)):
         if t is not None and (t.shape != x.shape or t.stride(-1) != 1):
-            raise ValueError(f"rmsnorm: {name} must be [{rows}, {hidden}] with a contiguous last dim, "
-                             f"got shape {tuple(t.shape)} strides {t.stride()}")
+            raise ValueError(
+                f"rmsnorm: {name} must be [{rows}, {hidden}] with a contiguous last dim, "
+                f"got shape {tuple(t.shape)} strides {t.stride()}"
+            )
     if weight.shape != (hidden,) or weight.stride(-1) != 1:
         raise ValueError(f"rmsnorm: weight must be contiguous [{hidden}], got {tuple(weight.shape)}")
     block = min(triton.next_power_of_2(hidden), MAX_BLOCK)
     res = residual if residual is not None else x
     _rmsnorm_rows[(rows,)](
-        x, x.stride(0), res, res.stride(0), weight, out, out.stride(0), hidden, float(eps),
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=max(1, min(8, block // 256)),
+        x,
+        x.stride(0),
+        res,
+        res.stride(0),
+        weight,
+        out,
+        out.stride(0),
+        hidden,
+        float(eps),
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=block,
+        num_warps=max(1, min(8, block // 256)),
     )

@@ -24,9 +24,7 @@ def assign_req_to_token_pool_cpu(
     rows, cols = ragged_ranges(start_offset, end_offset)
     if rows.numel() == 0:
         return
-    req_to_token[req_pool_indices.to(torch.int64)[rows], cols] = out_cache_loc[: rows.numel()].to(
-        req_to_token.dtype
-    )
+    req_to_token[req_pool_indices.to(torch.int64)[rows], cols] = out_cache_loc[: rows.numel()].to(req_to_token.dtype)
 
 
 def assign_extend_cache_locs_cpu(
@@ -44,9 +42,7 @@ def assign_extend_cache_locs_cpu(
     rows, cols = ragged_ranges(start_offset, end_offset)
     if rows.numel() == 0:
         return
-    out_cache_loc[: rows.numel()] = req_to_token[req_pool_indices.to(torch.int64)[rows], cols].to(
-        out_cache_loc.dtype
-    )
+    out_cache_loc[: rows.numel()] = req_to_token[req_pool_indices.to(torch.int64)[rows], cols].to(out_cache_loc.dtype)
 
 
 def assign_draft_cache_locs_contiguous_cpu(

@@ -141,8 +141,11 @@ def tree_speculative_sampling_target_only(
 
 def _per_row(value: Union[torch.Tensor, float, int], rows: int, dtype, device) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
-        return value.reshape(-1).to(device=device, dtype=dtype).expand(rows) if value.numel() == 1 \
+        return (
+            value.reshape(-1).to(device=device, dtype=dtype).expand(rows)
+            if value.numel() == 1
             else value.reshape(-1).to(device=device, dtype=dtype)
+        )
     return torch.full((rows,), value, dtype=dtype, device=device)
 
 

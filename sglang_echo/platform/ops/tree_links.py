@@ -7,9 +7,7 @@ import math
 import torch
 
 
-def chain_parent_and_rank(
-    next_token: torch.Tensor, next_sibling: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def chain_parent_and_rank(next_token: torch.Tensor, next_sibling: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per node: its parent (-1 for the root / unreachable) and its rank in its sibling list.
 
     sglang encodes a draft tree per request as `retrive_next_token[p]` = first child of p and
