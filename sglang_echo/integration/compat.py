@@ -8,18 +8,26 @@ worker (importing the EAGLE worker costs seconds, so registration stays lazy). O
 difference it refuses with a message naming the row, rather than failing somewhere deep in a
 forward pass. ``tests/integration/test_registration.py`` checks the whole table.
 
+Two sglang constructors build what ECHO must build differently and offer no seam for it
+(``EAGLEWorkerV2.__init__`` builds its draft worker inline; ``NGRAMWorker.__init__`` builds the
+C++ corpus): the ECHO workers set the same state themselves. :data:`MIRRORS` pins the attributes
+each constructor assigns, and the ``"worker"`` check refuses an sglang whose constructor assigns
+another set (ours would lack state sglang reads, or set state it no longer reads).
+
 Pinned against sglang 0.5.23 (``TESTED_SGLANG``). A different version whose rows all match is
 accepted (with a warning).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import logging
 import multiprocessing
+import textwrap
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,118 @@ _IO = "sglang.srt.managers.io_struct"
 _XG = "sglang.srt.constrained.xgrammar_backend"
 _CG = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 
+
+@dataclass(frozen=True)
+class Mirror:
+    """An sglang constructor an ECHO worker re-implements: the attributes it assigns to ``self``."""
+
+    module: str
+    cls: str
+    attrs: frozenset[str]
+    why: str
+    kernels: bool = False  # as Hook.kernels
+
+
+# EchoWorker.__init__ sets these as EAGLEWorkerV2.__init__ does, its _draft_worker an EchoDraftWorker.
+EAGLE_WORKER_INIT_ATTRS = frozenset(
+    {
+        "server_args",
+        "topk",
+        "speculative_num_steps",
+        "speculative_num_draft_tokens",
+        "gpu_id",
+        "device",
+        "_target_worker",
+        "page_size",
+        "speculative_algorithm",
+        "enable_dp_spec_prefill_coordination",
+        "_hosts_draft",
+        "_draft_worker",
+        "adaptive_controller",
+        "num_new_pages_per_topk",
+        "extend_lens",
+        "plan_stream",
+        "plan_stream_ctx",
+    }
+)
+# EchoNgramWorker.__init__ sets these as NGRAMWorker.__init__ does, its ngram_corpus a RequestDrafters.
+NGRAM_WORKER_INIT_ATTRS = frozenset(
+    {
+        "server_args",
+        "enable_overlap",
+        "_target_worker",
+        "model_runner",
+        "page_size",
+        "draft_token_num",
+        "max_trie_depth",
+        "speculative_num_draft_tokens",
+        "topk",
+        "speculative_num_steps",
+        "device",
+        "adaptive_controller",
+        "_prev_decode_rids",
+        "grammar_tree_host",
+        "ngram_corpus",
+    }
+)
+
+MIRRORS: tuple[Mirror, ...] = (
+    Mirror(
+        "sglang.srt.speculative.eagle_worker_v2",
+        "EAGLEWorkerV2",
+        EAGLE_WORKER_INIT_ATTRS,
+        "EchoWorker.__init__ builds EchoDraftWorker where sglang builds its EagleDraftWorker",
+    ),
+    Mirror(
+        "sglang.srt.speculative.ngram_worker",
+        "NGRAMWorker",
+        NGRAM_WORKER_INIT_ATTRS,
+        "EchoNgramWorker.__init__ builds RequestDrafters where sglang builds its C++ corpus",
+        kernels=True,
+    ),
+)
+
+
+def assigned_attrs(fn: Callable) -> set[str]:
+    """The attributes a function assigns to ``self`` (``self.x = ...``, tuple targets, annotated
+    and augmented assignments), read from its source."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+
+    def flat(target: ast.expr):
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for t in target.elts:
+                yield from flat(t)
+        elif isinstance(target, ast.Starred):
+            yield from flat(target.value)
+        else:
+            yield target
+
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            for t in flat(target):
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    out.add(t.attr)
+    return out
+
+
+def init_drift(mirror: Mirror) -> Optional[str]:
+    """How the installed sglang's constructor differs from ``mirror`` (None: it assigns exactly
+    ``mirror.attrs``). Raises ImportError where its module does not import."""
+    cls = getattr(importlib.import_module(mirror.module), mirror.cls)
+    got = assigned_attrs(cls.__init__)
+    if got == mirror.attrs:
+        return None
+    new, gone = sorted(got - mirror.attrs), sorted(mirror.attrs - got)
+    return f"{mirror.module}:{mirror.cls}.__init__ ({mirror.why}) now also sets {new}, no longer sets {gone}"
+
+
 HOOKS: tuple[Hook, ...] = (
     # -- registration (plugin.register, spec.EchoSpecAlgo) ---------------------------------
     Hook(
@@ -67,7 +187,13 @@ HOOKS: tuple[Hook, ...] = (
         "registers ECHO",
         "register",
     ),
-    Hook(_SI, "SpeculativeAlgorithm.from_string", ("name",), "resolves --speculative-algorithm ECHO", "register"),
+    Hook(
+        _SI,
+        "SpeculativeAlgorithm.from_string",
+        ("name",),
+        "resolves --speculative-algorithm ECHO (and EchoWorker's speculative_algorithm)",
+        "register",
+    ),
     Hook(
         _SR,
         "CustomSpecAlgo.__init__",
@@ -107,8 +233,21 @@ HOOKS: tuple[Hook, ...] = (
         _EW,
         "EAGLEWorkerV2.__init__",
         ("self", "server_args", "gpu_id", "nccl_port", "target_worker"),
-        "EchoWorker base; scheduler constructs it with these arguments",
+        "EchoWorker base; scheduler constructs it with these arguments; re-implemented (MIRRORS)",
     ),
+    Hook(
+        _EW,
+        "EagleDraftWorker.__init__",
+        ("self", "server_args", "gpu_id", "nccl_port", "target_worker"),
+        "EchoDraftWorker base, built by EchoWorker.__init__ as EAGLEWorkerV2.__init__ builds it",
+    ),
+    Hook(_EW, "EAGLEWorkerV2.init_cuda_graphs", ("self",), "overridden by EchoWorker: settles verify and width"),
+    Hook(_RC, "get_spec", (), "speculative settings in both workers' __init__"),
+    Hook(_RC, "get_schedule", (), "page size (and overlap) in both workers' __init__"),
+    Hook(_RC, "get_device", (), "device in both workers' __init__"),
+    Hook("sglang.srt.environ", "envs.SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION", None, "EchoWorker.__init__"),
+    Hook("sglang.srt.speculative.spec_utils", "get_plan_stream", ("device",), "EchoWorker.__init__"),
+    Hook("sglang.srt.speculative.base_spec_worker", "BaseSpecWorker.__init__", ("self",), "both workers' __init__"),
     Hook(
         _EW,
         "EAGLEWorkerV2.verify",
@@ -121,7 +260,7 @@ HOOKS: tuple[Hook, ...] = (
         ("self", "num_correct_drafts_per_req", "batch_size"),
         "overridden (metrics)",
     ),
-    Hook(_EW, "EAGLEWorkerV2._draft_worker", None, "class-swapped to EchoDraftWorker (instance attribute)"),
+    Hook(_EW, "EAGLEWorkerV2._draft_worker", None, "EchoWorker.__init__ sets it to its EchoDraftWorker"),
     Hook(
         _EW,
         "EAGLEWorkerV2.forward_batch_generation",
@@ -129,6 +268,14 @@ HOOKS: tuple[Hook, ...] = (
         "overridden by EchoWorker: times the decode step (echo_step_seconds)",
     ),
     Hook(_EW, "EagleDraftWorker.draft", ("self", "batch", "with_topology"), "overridden by EchoDraftWorker"),
+    Hook(
+        _EW,
+        "EagleDraftWorker.alloc_memory_pool",
+        ("self", "memory_pool_config", "req_to_token_pool", "token_to_kv_pool_allocator"),
+        "overridden by EchoDraftWorker: the lazy extend's backlog; calls init_lm_head",
+    ),
+    Hook(_EW, "EagleDraftWorker.tree_mask_mode", None, "EchoDraftWorker's verify mask layout without a buffer"),
+    Hook(_EW, "EagleDraftWorker.draft_runner", None, "the draft model runner (every drafter)"),
     Hook(_EW, "EagleDraftWorker.draft_forward", ("self", "forward_batch"), "replaced by the frontier drafter"),
     Hook(
         _EC,
@@ -260,19 +407,29 @@ HOOKS: tuple[Hook, ...] = (
         "wrapped: a DFlash head's target_layer_ids become eagle_aux_hidden_state_layer_ids",
         "register",
     ),
-    Hook(_EW, "EagleDraftWorker.init_lm_head", ("self",), "overridden for dflash: loads the DFlash head"),
-    Hook(_EW, "EagleDraftWorker._capture_cuda_graphs", ("self",), "overridden for dflash: no draft graphs"),
+    Hook(
+        _EW,
+        "EagleDraftWorker.init_lm_head",
+        ("self",),
+        "overridden: the step drafter's (dflash loads the DFlash head); sglang's is eagle_init_lm_head",
+    ),
+    Hook(
+        _EW,
+        "EagleDraftWorker._capture_cuda_graphs",
+        ("self",),
+        "overridden: sglang's where the step drafter uses draft graphs (not dflash)",
+    ),
     Hook(
         _EW,
         "EagleDraftWorker._draft_extend_for_prefill",
         ("self", "batch", "target_hidden_states", "next_token_ids", "mm_input_embeds", "kv_loc_plan"),
-        "overridden for dflash: writes the extend tokens' context",
+        "overridden: the step drafter's (dflash writes the extend tokens' context); sglang's is eagle_extend_*",
     ),
     Hook(
         _EW,
         "EagleDraftWorker._draft_extend_for_decode",
         ("self", "batch", "batch_result", "kv_loc_plan"),
-        "overridden for dflash: writes the accepted tokens' context",
+        "overridden: the step drafter's (dflash writes the accepted tokens' context), or deferred (lazy extend)",
     ),
     Hook(_EU, "get_draft_recurrent_hidden_state_spec", ("model_runner",), "dflash: the relayed hidden-state shape"),
     Hook(
@@ -295,7 +452,7 @@ HOOKS: tuple[Hook, ...] = (
         _NW,
         "NGRAMWorker.__init__",
         ("self", "server_args", "gpu_id", "nccl_port", "target_worker"),
-        "EchoNgramWorker base; re-implemented minus the corpus (attribute list pinned by init_drift)",
+        "EchoNgramWorker base; re-implemented minus the corpus (MIRRORS)",
         kernels=True,
     ),
     Hook(
@@ -355,10 +512,6 @@ HOOKS: tuple[Hook, ...] = (
     Hook("sglang.srt.speculative.cpp_ngram.ngram_corpus", "NgramCorpus.synchronize", ("self",), "stood in for"),
     Hook("sglang.srt.speculative.ngram_info", "NgramVerifyInput.tree_topk", None, "-1: CPU backends use the mask"),
     Hook("sglang.srt.speculative.ngram_info", "NgramVerifyInput.max_tree_depth", None, "W: accept_index width"),
-    Hook("sglang.srt.speculative.base_spec_worker", "BaseSpecWorker.__init__", ("self",), "EchoNgramWorker.__init__"),
-    Hook(_RC, "get_spec", (), "speculative settings in EchoNgramWorker.__init__"),
-    Hook(_RC, "get_schedule", (), "overlap / page size in EchoNgramWorker.__init__"),
-    Hook(_RC, "get_device", (), "device in EchoNgramWorker.__init__"),
     Hook(
         "sglang.srt.managers.schedule_batch",
         "ScheduleBatch.grammar_needs_sync",
@@ -620,6 +773,17 @@ def check_hooks(phase: Optional[str] = None) -> list[str]:
         if got[: len(h.params)] != h.params:
             problems.append(f"{where}: expected parameters {h.params}, installed sglang has {got}")
     if phase in (None, "worker"):
+        for m in MIRRORS:
+            try:
+                drift = init_drift(m)
+            except ModuleNotFoundError as e:
+                if m.kernels and (e.name or "").split(".")[0] == "sgl_kernel":
+                    continue  # as a Hook's kernels rows
+                drift = f"{m.module}:{m.cls}: missing ({type(e).__name__}: {e})"
+            except (ImportError, AttributeError, OSError, TypeError) as e:
+                drift = f"{m.module}:{m.cls}.__init__: unreadable ({type(e).__name__}: {e})"
+            if drift is not None:
+                problems.append(drift)
         try:
             from sglang.srt.managers.utils import GenerationBatchResult
 

@@ -19,7 +19,10 @@ writes every accepted pair into the draft KV pool and computes the last pair's l
   :class:`~sglang_echo.drafters.dart.DartSearch` (DART's COMBINE ranking with the n-gram trie and
   the request's own n-grams, read from a :class:`~.history.TokenHistory` that each step extends
   by the tokens just committed). Any core policy builds the trees from it; sglang verifies them as
-  it does EAGLE's (:mod:`.worker`).
+  it does EAGLE's (:mod:`.draft_worker`).
+* :class:`DartDrafting` is DART's step strategy (:mod:`.drafting`): it registers the model class
+  before sglang loads the head, checks what loaded and owns the step's search and the history;
+  the rest of the step (the draft extends, the LM head, CUDA graphs) is sglang's EAGLE plumbing.
 
 Because the depth-1 candidates come from the draft extend's top-k, a policy can ask for at most
 ``--speculative-eagle-topk`` children of a root (the same bound as the EAGLE-3 drafter); deeper
@@ -42,7 +45,9 @@ from sglang_echo.drafters.dart import CombineConfig, DartSearch, load_head_trie
 from sglang_echo.drafters.dart_head import ARCHITECTURE, MASK_KEY
 from sglang_echo.platform.attention.paged_sdpa import gather_rows
 
+from .config import Drafter
 from .drafter import draft_extend_topk
+from .drafting import StepDrafter
 from .history import TokenHistory
 
 log = logging.getLogger(__name__)
@@ -175,3 +180,31 @@ class DartFrontierDrafter:
         hist, hist_len = self.history.gather(batch.reqs)
         ready = torch.ones(bs, dtype=torch.bool, device=lp.device)
         self.search.begin(torch.cat([lp0, lp], 1), torch.cat([ids0, ids], 1), hist, hist_len, ready)
+
+
+class DartDrafting(StepDrafter):
+    """DART's step: EAGLE's draft extends (marginal 1), one mask forward and DART's search (module
+    docstring)."""
+
+    kind = Drafter.DART
+
+    def __init__(self) -> None:
+        self.search: DartSearch | None = None  # set by attach
+        self.history: TokenHistory | None = None  # the live requests' committed tokens
+
+    def register_model(self) -> None:
+        register_dart_model()
+
+    def attach(self, dw) -> None:
+        path = dw.server_args.speculative_draft_model_path
+        if not isinstance(dw.draft_runner.model, LlamaForCausalLMDart):
+            raise ValueError(
+                f"ECHO drafter 'dart': {path} loaded as {type(dw.draft_runner.model).__name__}, not a DART head "
+                "(LlamaForCausalLMDart)"
+            )
+        vocab = dw.target_worker.model_runner.model_config.vocab_size
+        self.search = make_dart_search(path, vocab, dw.echo.cfg.dart_ngram, dw.device)
+        self.history = TokenHistory(dw.device)
+
+    def frontier(self, dw, batch, forward_batch, roots: Tensor) -> DartFrontierDrafter:
+        return DartFrontierDrafter(dw, batch, batch.spec_info, self.search, self.history)

@@ -8,19 +8,22 @@ the draft model (one slot per target slot, shared ``req_to_token``):
 
 * **Capture.** The target captures DFlash's layers through EAGLE-3's aux-hidden plumbing
   (:func:`resolve_capture_layers` sets them from the head's ``target_layer_ids``).
-* **Writes.** Each prefill chunk writes the context K/V of its extend tokens, at the slots the
-  target used (:meth:`EchoDraftWorker._draft_extend_for_prefill`); each decode step writes the root
-  and accepted drafts, whose features and slots ``_finalize_accept_tree_path`` moved to the front of
-  every request's verify window (``_draft_extend_for_decode``). Radix-cached prefixes keep their
-  context, chunked prefill and retraction need nothing special: the data is in the pool.
+* **Writes.** In place of EAGLE's draft extends (:class:`DFlashDrafting`, the step strategy of
+  :mod:`.drafting`): each prefill chunk writes the context K/V of its extend tokens, at the slots the
+  target used; each decode step writes the root and accepted drafts, whose features and slots
+  ``_finalize_accept_tree_path`` moved to the front of every request's verify window. Both relay a
+  zeroed draft input (DFlash reads only the bonus tokens). Radix-cached prefixes keep their context,
+  chunked prefill and retraction need nothing special: the data is in the pool.
 * **Step.** :class:`DFlashFrontierDrafter` reads each request's context through ``req_to_token``,
   runs the block forward (:func:`sglang_echo.drafters.dflash.block_marginals`, the offline
   drafter's own code) and branches the per-position marginals into candidates for any core policy
   (:func:`~sglang_echo.drafters.dflash.marginal_candidates`); sglang verifies them as EAGLE's.
 
 The math is the repo's :class:`~sglang_echo.drafters.dflash_head.DFlashHead` on the target's
-embedding and LM head; sglang's ``DFlashDraftModel`` is still what loads (and checks) the
-checkpoint and sizes the pool. No drafted token is ever written to the pool.
+embedding and LM head (loaded in place of sglang's LM head setup); sglang's ``DFlashDraftModel``
+is still what loads (and checks) the checkpoint and sizes the pool. Its forward is never called,
+and no draft CUDA graph is captured (the block forward is eager). No drafted token is ever written
+to the pool.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ from sglang_echo.core.tree import Candidates
 from sglang_echo.drafters.dflash import block_marginals, marginal_candidates
 from sglang_echo.drafters.dflash_head import ARCHITECTURE, DFlashConfig, DFlashHead
 from sglang_echo.platform.attention.paged_sdpa import gather_rows
+
+from .config import Drafter
+from .drafting import StepDrafter
 
 log = logging.getLogger(__name__)
 
@@ -151,3 +157,62 @@ class DFlashFrontierDrafter:
         valid = torch.arange(L, device=slots.device)[None, :] < self.lengths[:, None]
         self.forwards += 1
         return block_marginals(self.context.head, self.roots, self.lengths, self.context.gather(slots, valid))
+
+
+def window_slots(dw: Any, batch: Any, kv_loc_plan: Any) -> Tensor:
+    """The draft pool's slots of the tokens the target just wrote (its plan's, or the batch's)."""
+    if kv_loc_plan is not None:
+        return kv_loc_plan.write_ids(dw.draft_runner.kv_index_translator)
+    return batch.out_cache_loc
+
+
+class DFlashDrafting(StepDrafter):
+    """DFlash's step: its context in the draft KV pool in place of EAGLE's draft layer (module
+    docstring)."""
+
+    kind = Drafter.DFLASH
+    drafts_from_extend = False  # the block forward reads the context, not EAGLE's relayed children
+    draft_graphs = False  # the block forward is eager; sglang's DFlashDraftModel forward never runs
+
+    def __init__(self) -> None:
+        self.context: DFlashPoolContext | None = None  # set with the draft pools (init_lm_head)
+
+    def init_lm_head(self, dw: Any) -> None:
+        """The DFlash head on the target's embedding and LM head (it drafts over the target's
+        vocabulary), its context in the draft pool just allocated."""
+        target = dw.target_worker.model_runner
+        head = load_head(
+            dw.server_args.speculative_draft_model_path, target.model, target.model_config.num_hidden_layers, dw.device
+        )
+        self.context = DFlashPoolContext(head, dw.draft_runner)
+        log.info(
+            "ECHO DFlash drafter: block_size %d, %d layers, target layers %s",
+            head.cfg.block_size,
+            head.cfg.num_hidden_layers,
+            list(head.cfg.target_layer_ids),
+        )
+
+    def frontier(self, dw: Any, batch: Any, forward_batch: Any, roots: Tensor) -> DFlashFrontierDrafter:
+        return DFlashFrontierDrafter(dw, batch, roots, self.context)
+
+    def extend_for_prefill(self, dw, batch, target_hidden_states, next_token_ids, mm_input_embeds, kv_loc_plan):
+        if not batch.forward_mode.is_idle():  # every extend token joins its request's context
+            self.context.write(
+                target_hidden_states,
+                extend_positions(batch.prefix_lens, batch.extend_lens, dw.device),
+                window_slots(dw, batch, kv_loc_plan),
+            )
+        return dw.placeholder_draft_input(next_token_ids)
+
+    def extend_for_decode(self, dw, batch, batch_result, kv_loc_plan) -> None:
+        if not batch.forward_mode.is_idle():
+            # The root and accepted drafts (accept_lens of them), moved with their features to the
+            # front of each request's verify window, at positions seq_lens .. (pre-verify lengths).
+            bs, W = batch.seq_lens.shape[0], dw.speculative_num_draft_tokens
+            take = torch.arange(W, device=dw.device)[None, :] < batch_result.accept_lens[:, None]
+            pos = batch.seq_lens.to(torch.int64)[:, None] + torch.arange(W, device=dw.device)[None, :]
+            feats = batch_result.logits_output.hidden_states.view(bs, W, -1)
+            slots = window_slots(dw, batch, kv_loc_plan).view(bs, W)
+            self.context.write(feats[take], pos[take], slots[take])
+        dw.relay_placeholders(batch_result.next_draft_input)  # verify set the next bonus tokens
+        batch_result.logits_output.hidden_states = None

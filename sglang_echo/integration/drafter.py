@@ -1,4 +1,5 @@
-"""The core's drafter protocol (``propose(frontier, k) -> Candidates``) on EAGLE-3's draft model.
+"""``drafter: eagle3``: the core's drafter protocol (``propose(frontier, k) -> Candidates``) on
+EAGLE-3's draft model, and its :class:`EagleDrafting` step strategy (:mod:`.drafting`).
 
 Interleaved drafting: the policy chooses, depth by depth, which candidates
 the draft model expands next; this drafter runs one EAGLE draft-decode forward per depth over
@@ -14,7 +15,9 @@ parents across lanes), a lane's earlier KV is not necessarily its node's ancesto
 affects draft quality, never correctness, because the target verifies every token.
 
 Depth 0 needs no forward: the roots' children are the ``topk_p``/``topk_index`` computed by the
-previous step's draft extend (``EagleDraftInput``).
+previous step's draft extend (``EagleDraftInput``). Everything else of the step is sglang's EAGLE
+plumbing (the draft model, the LM head, the draft extends): :class:`EagleDrafting` keeps
+:class:`~.drafting.StepDrafter`'s defaults and adds only the frontier drafter.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from torch import Tensor
 
 from sglang_echo.core.policy import Frontier
 from sglang_echo.core.tree import Candidates
+
+from .config import Drafter
+from .drafting import StepDrafter
+from .simulate import simulated
 
 
 def draft_extend_topk(worker, spec_info) -> tuple[Tensor, Tensor]:
@@ -117,3 +124,21 @@ class EagleFrontierDrafter:
             topk_index = w.hot_token_id[topk_index]
         self._hidden = logits_output.hidden_states  # [B*T, H]
         return topk_p.view(B, T, T)[:, :F, :k], topk_index.view(B, T, T)[:, :F, :k]
+
+
+class EagleDrafting(StepDrafter):
+    """EAGLE-3's step: sglang's draft model and extends; one draft forward per depth (module docstring)."""
+
+    kind = Drafter.EAGLE3
+
+    def frontier(self, dw, batch, forward_batch, roots: Tensor):
+        """:class:`EagleFrontierDrafter` over the step's draft lanes (under a simulation, serving the
+        trace's candidates: :func:`.simulate.simulated`)."""
+        from sglang.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
+
+        bs, steps = roots.numel(), dw.speculative_num_steps
+        if dw.echo.policy.max_depth > 1 and steps > 1:
+            dw.draft_attn_backend.init_forward_metadata(forward_batch)
+            forward_batch.mark_forward_metadata_ready()
+        out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc, bs, dw.topk, steps)
+        return simulated(EagleFrontierDrafter(dw, forward_batch, batch.spec_info, out_cache_loc), batch, roots)

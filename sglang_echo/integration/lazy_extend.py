@@ -86,6 +86,19 @@ class DraftBacklog:
         self.lens[slots] = n + 1
 
 
+def lazy_extend_applies(server_args, cfg) -> bool:
+    """Whether a server defers plain steps' draft extends: ``lazy_extend`` is on (its backlog
+    capacity, > 0) and there is no overlap scheduling (whose relayed draft state and lengths this
+    was not built for). Only for drafters that draft from EAGLE's draft extend
+    (:attr:`.drafting.StepDrafter.drafts_from_extend`)."""
+    if cfg.lazy_extend == 0:
+        return False
+    if not server_args.disable_overlap_schedule:
+        log.info("ECHO worker: lazy extend off under overlap scheduling (every step extends the draft KV)")
+        return False
+    return True
+
+
 def pool_slots(batch) -> list[int]:
     """The batch's request-pool slots, from sglang's host copy where it keeps one."""
     cpu = getattr(batch, "req_pool_indices_cpu", None)
@@ -166,13 +179,13 @@ def catch_up(worker, batch, draft_input, backlog: DraftBacklog) -> int:
 
 def defer_extend(worker, batch, batch_result) -> None:
     """A plain step's draft extend, deferred: keep each request's pair (the root's features, the
-    bonus token after it) in the worker's backlog, catching a full backlog up first."""
+    bonus token after it) in the draft worker's backlog, catching a full backlog up first."""
     bs, W = batch.seq_lens.shape[0], worker.echo_step.width
     slots = pool_slots(batch)
     nxt = batch_result.next_draft_input
-    worker._relay_placeholders(nxt)
+    worker.relay_placeholders(nxt)
     if worker.echo_backlog.full(slots):  # the pending pairs end right before this step's roots
-        worker._record_lazy(caught_up=catch_up(worker, batch, nxt, worker.echo_backlog))
+        worker.record_lazy(caught_up=catch_up(worker, batch, nxt, worker.echo_backlog))
     feats = batch_result.logits_output.hidden_states.view(bs, W, -1)[:, 0]
     worker.echo_backlog.append(slots, feats, batch_result.next_token_ids.view(bs, -1)[:, 0])
-    worker._record_lazy(deferred=bs)
+    worker.record_lazy(deferred=bs)

@@ -400,18 +400,3 @@ class EchoMetrics:
             log.error(
                 "ECHO: step verified %d tokens for %d requests, over the budget max(cap=%d, bs)", total, bs, st.cap
             )
-
-
-class AcceptanceObservers:
-    """Mixed into both ECHO workers, before sglang's worker class: sglang hands every step's
-    accepted draft counts to the host through ``on_verify_complete_cpu``, and ECHO's metrics,
-    its cost budget (``budget: cost``) and the calibration probe each learn from them. Needs the
-    worker's ``echo_metrics``, ``echo_budget`` and ``echo_probe`` (the last two may be ``None``)."""
-
-    def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
-        super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
-        self.echo_metrics.on_accept(num_correct_drafts_per_req)
-        if self.echo_budget is not None:
-            self.echo_budget.observe_accept(num_correct_drafts_per_req)
-        if self.echo_probe is not None:
-            self.echo_probe.on_accept(num_correct_drafts_per_req)

@@ -18,16 +18,21 @@ Everything else is NGRAM's, unchanged: ``reconstruct_indices_from_tree_mask`` de
 and retrieve links from the mask, the target verifies the ``bs*W`` block (QLEN mask on CPU, FULL
 mask elsewhere), ``eagle_sample`` accepts, and the accepted KV is moved to the front. ECHO's
 additions: ragged verify (the verify input is marked with ``K_i`` so the target forward skips the
-padding, :mod:`.ragged`), ``cap_lens = K_i`` on the result (sglang's ``spec_cap_length`` /
-histogram), the ``echo_*`` metrics (step timing: control = ``build_trees`` minus the n-gram
-lookups plus packing, see :mod:`.metrics`) and the per-request ``echo_tree_depth``. With ragged
-verify and no CUDA graph or overlap relay pinning ``W``, the trees are drafted before NGRAM's
-prepare and the step is laid out ``max K_i`` wide (:meth:`EchoNgramWorker._set_width`).
+padding, :mod:`.ragged`) and, through the worker's :class:`~.session.EchoSession` (the step
+epilogue the EAGLE worker runs too), ``cap_lens = K_i`` on the result (sglang's
+``spec_cap_length`` / histogram), the budget check, the ``echo_*`` metrics (step timing: control =
+``build_trees`` minus the n-gram lookups plus packing, see :mod:`.metrics`), the cost budget and
+the per-request ``echo_tree_depth``. With ragged verify and no CUDA graph or overlap relay pinning
+``W``, the trees are drafted before NGRAM's prepare and the step is laid out ``max K_i`` wide
+(:meth:`EchoNgramWorker._set_width`).
 
 The corpus is not built (no C++ JIT, no shared corpus): ``ngram_corpus`` is a
 :class:`RequestDrafters`, which implements the three corpus calls NGRAM's generic code still
 makes (``synchronize``, ``erase_match_state`` for requests that left the batch, ``reset``).
-External corpora are NGRAM-only (sglang's API checks the algorithm name) and refused here.
+``NGRAMWorker.__init__`` offers no seam for that, so :meth:`EchoNgramWorker.__init__` sets the
+state it sets (:data:`~.compat.NGRAM_WORKER_INIT_ATTRS`; the start-up check refuses an sglang whose
+constructor sets anything else). External corpora are NGRAM-only (sglang's API checks the
+algorithm name) and refused here.
 
 ``NGRAMWorker``'s module imports sglang's compiled kernels (``sgl_kernel``) at import time, so
 :class:`EchoNgramWorker` is defined on first access (PEP 562 module ``__getattr__``): the
@@ -37,9 +42,7 @@ anywhere, e.g. in tests on a CPU box outside the CPU engine.
 
 from __future__ import annotations
 
-import inspect
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,26 +50,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sglang_echo.calibration.probe import ProbeRecorder
 from sglang_echo.core.dense import step_width, to_sglang_dense
 from sglang_echo.core.policy import Frontier, build_trees
-from sglang_echo.core.tree import Candidates, NodePool
+from sglang_echo.core.tree import Candidates
 from sglang_echo.drafters.ngram import NGramDrafter
 
-from .config import (
-    EchoConfig,
-    check_consistent,
-    load_calibration_for,
-    load_config,
-    make_echo_policy,
-    make_step_budget,
-    resolve_control_kernel,
-    server_kmax,
-)
+from .config import Drafter
 from .faults import DraftGuard
 from .history import History
-from .metrics import AcceptanceObservers, EchoMetrics, TimedDrafter, timing_sync
-from .ragged import MARK, resolve_verify_mode, target_tokens
+from .metrics import TimedDrafter
+from .ragged import MARK, VerifyMode, target_tokens
+from .session import AcceptanceObservers, EchoSession, StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -154,25 +148,6 @@ def _row(f: Frontier, b: int) -> Frontier:
     )
 
 
-@dataclass
-class NgramStep:
-    """What one draft step hands to verify and the metrics (EchoMetrics.on_step reads it)."""
-
-    sizes: torch.Tensor  # [bs] int32 K_i, roots included
-    gate_evaluated: torch.Tensor | None = None
-    gate_passed: torch.Tensor | None = None
-    draft_forwards: int = 0
-    pool: NodePool | None = None  # every drafted candidate (the calibration probe reads it)
-    depths: torch.Tensor | None = None  # [bs] deepest node of each request's tree
-    cap: int | None = None  # this step's verification cap, roots included
-    width: int = 0  # the padded verify width W the step was laid out in
-    verified: int = 0  # sum K_i, roots included
-    control_s: float = 0.0  # build_trees minus the drafters' propose, plus packing (see .metrics)
-    propose_s: float = 0.0  # inside the drafters' propose (n-gram lookups)
-    draft_s: float = 0.0  # set by the worker: its drafting phase minus control_s
-    prepare_s: float = 0.0  # set by the worker: the whole _prepare_draft_tokens
-
-
 def build_ngram_drafts(
     policy,
     drafters: Sequence[NGramDrafter],
@@ -183,7 +158,8 @@ def build_ngram_drafts(
     guard: DraftGuard | None = None,
 ):
     """ECHO trees over n-gram drafters, in NGRAM's layout: ``(tokens [bs*W] int64, mask [bs*W*W]
-    bool, step)`` (host numpy arrays, as NGRAM's corpus returns them). ``step.control_s`` is the
+    bool, step)`` (host numpy arrays, as NGRAM's corpus returns them; ``step`` a
+    :class:`~.session.StepRecord`). ``step.control_s`` is the
     wall time of all this minus the drafters' ``propose`` (host work: no device sync needed).
     ``k_max``: this step's cap, roots included (None: the policy's own). ``per_step_width``: lay the
     step out ``W_s = max K_i`` wide instead of ``width`` (``step.width`` says which). ``guard``: the
@@ -196,7 +172,13 @@ def build_ngram_drafts(
         trees, state, _ = guard.build(policy, drafter, roots, k_max)
     width = step_width(trees.sizes, width, per_step_width)
     dense = to_sglang_dense(trees, torch.zeros_like(roots), width)  # positions: NGRAM rebuilds them
-    step = NgramStep(dense.sizes, state.gate_evaluated, state.gate_passed, drafter.forwards, state.pool)
+    step = StepRecord(
+        sizes=dense.sizes,
+        gate_evaluated=state.gate_evaluated,
+        gate_passed=state.gate_passed,
+        draft_forwards=drafter.forwards,
+        pool=state.pool,
+    )
     tokens = dense.draft_token.to(torch.int64).numpy()
     mask = dense.tree_mask.reshape(-1).numpy()
     step.propose_s = drafter.seconds
@@ -219,37 +201,6 @@ class _WidthViews:
 
 
 # -- the worker ----------------------------------------------------------------------------------
-# What NGRAMWorker.__init__ assigns besides the corpus; EchoNgramWorker.__init__ assigns these
-# too and refuses to start if the installed sglang assigns anything else (see init_drift()).
-NGRAM_INIT_ATTRS = frozenset(
-    {
-        "server_args",
-        "enable_overlap",
-        "_target_worker",
-        "model_runner",
-        "page_size",
-        "draft_token_num",
-        "max_trie_depth",
-        "speculative_num_draft_tokens",
-        "topk",
-        "speculative_num_steps",
-        "device",
-        "adaptive_controller",
-        "_prev_decode_rids",
-        "grammar_tree_host",
-        "ngram_corpus",
-    }
-)
-
-
-def init_drift() -> set[str]:
-    """Attributes the installed ``NGRAMWorker.__init__`` assigns that ours does not (empty = ok)."""
-    from sglang.srt.speculative.ngram_worker import NGRAMWorker
-
-    src = inspect.getsource(NGRAMWorker.__init__)
-    return set(re.findall(r"self\.(\w+)(?:\s*:\s*[^=\n]+)?\s*=(?!=)", src)) - NGRAM_INIT_ATTRS
-
-
 def __getattr__(name: str):
     if name == "EchoNgramWorker":
         cls = globals()["EchoNgramWorker"] = _define_worker()
@@ -266,13 +217,9 @@ def _define_worker():
         """NGRAM's worker whose draft trees are ECHO policy trees over per-request n-gram drafters."""
 
         def __init__(self, server_args, gpu_id, nccl_port, target_worker):
-            drift = init_drift()
-            if drift:
-                from .compat import EchoCompatError
-
-                raise EchoCompatError(f"ECHO ngram worker: sglang's NGRAMWorker.__init__ now also sets {sorted(drift)}")
             BaseSpecWorker.__init__(self)
-            # NGRAMWorker.__init__, minus the C++ corpus (external corpora are NGRAM-only).
+            # NGRAMWorker.__init__'s state (compat.NGRAM_WORKER_INIT_ATTRS), minus the C++ corpus
+            # (external corpora are NGRAM-only).
             spec = get_spec()
             self.server_args = server_args
             self.enable_overlap = not get_schedule().disable_overlap_schedule
@@ -289,61 +236,44 @@ def _define_worker():
             self._prev_decode_rids = set()
             self.grammar_tree_host = None
 
-            cfg = load_config(
-                num_steps=self.speculative_num_steps, topk=self.topk, num_draft_tokens=self.speculative_num_draft_tokens
-            )
-            if cfg.drafter != "ngram":
-                raise ValueError(f"ECHO ngram worker built for drafter='{cfg.drafter}'")
-            check_consistent(cfg, self.speculative_num_steps, self.topk, self.speculative_num_draft_tokens)
-            calib = load_calibration_for(cfg, model_path=server_args.model_path)
             # The n-gram drafter's trees are built on the host: the tensor-op control plane.
-            cfg = resolve_control_kernel(cfg, "cpu")
-            self.echo_cfg: EchoConfig = cfg
-            self.echo_kmax = server_kmax(cfg, calib, self.device)
-            self.echo_policy = make_echo_policy(cfg, calib, self.echo_kmax)
-            self.echo_width = cfg.resolved_width()
-            self.ngram_corpus = RequestDrafters()
-            self.echo_metrics = EchoMetrics(
-                self.echo_kmax.flat, enabled=bool(getattr(server_args, "enable_metrics", False))
+            self.echo = EchoSession(
+                server_args,
+                steps=self.speculative_num_steps,
+                topk=self.topk,
+                num_draft_tokens=self.speculative_num_draft_tokens,
+                device=self.device,
+                vocab_size=self.model_runner.model_config.vocab_size,
+                control_device="cpu",
             )
-            self.echo_guard = DraftGuard(self.model_runner.model_config.vocab_size, self.echo_metrics.draft_fault)
-            self._echo_step: NgramStep | None = None
-            self.echo_probe = ProbeRecorder.from_env(self.device)
+            if self.echo.cfg.drafter != Drafter.NGRAM:
+                raise ValueError(f"ECHO ngram worker built for drafter='{self.echo.cfg.drafter}'")
+            self.ngram_corpus = RequestDrafters()
+            self._echo_step: StepRecord | None = None
             self._echo_draft_s = 0.0
-            self.echo_sync = timing_sync(self.device)
-            self.echo_verify = "padded"  # until init_attention_backends: the target's backend decides
-            self.echo_budget = None  # budget cost: set with the verify mode
-            self.echo_step_width = False  # lay each step out max K_i wide (set by init_cuda_graphs)
             self._echo_drafts = None  # this step's (tokens, mask), drafted before NGRAM's prepare
             log.info(
                 "ECHO ngram worker: policy %s (%s), W=%d, no draft model",
-                self.echo_policy.name,
-                cfg.describe(),
-                self.echo_width,
+                self.echo.policy.name,
+                self.echo.cfg.describe(),
+                self.echo.width,
             )
 
         def init_attention_backends(self):
             super().init_attention_backends()
-            self.echo_verify = resolve_verify_mode(self.echo_cfg.verify, self.model_runner.attn_backend)
-            padded = None if self.echo_verify == "ragged" else self.echo_width
-            self.echo_budget = make_step_budget(self.echo_cfg, self.echo_policy, padded, self.echo_kmax)
-            if self.echo_budget is not None:  # the cost model needs true device times
-                self.echo_sync = timing_sync(self.device, force=True)
-            log.info("ECHO ngram worker: %s verify, %s budget", self.echo_verify, self.echo_cfg.budget)
+            self.echo.settle_verify(self.model_runner.attn_backend)
+            log.info("ECHO ngram worker: %s verify, %s budget", self.echo.verify, self.echo.cfg.budget)
 
         def init_cuda_graphs(self):
             super().init_cuda_graphs()
             # As EchoWorker's: a captured W-wide verify graph (or the overlap relay's W-strided
             # accepted tokens) pins the width; otherwise every step is max K_i wide.
-            self.echo_step_width = (
-                self.echo_verify == "ragged"
+            self.echo.per_step_width = (
+                self.echo.verify == VerifyMode.RAGGED
                 and not self.enable_overlap
                 and self.model_runner.decode_cuda_graph_runner is None
             )
-            log.info(
-                "ECHO ngram worker: verify width %s",
-                "per step (max K_i)" if self.echo_step_width else f"{self.echo_width}",
-            )
+            log.info("ECHO ngram worker: verify width %s", self.echo.describe_width())
 
         def _set_width(self, width: int) -> None:
             """NGRAM's step reads its width from ``draft_token_num`` (verify slots, acceptance,
@@ -382,35 +312,33 @@ def _define_worker():
                 drafters.append(self.ngram_corpus.sync(req.rid, hist))
                 roots.append(hist[-1])  # the last committed token: its KV is written by this verify
                 root_positions.append(len(hist) - 1)
-            cap = self.echo_kmax(bs) if self.echo_budget is None else self.echo_budget.cap(bs)
+            echo = self.echo
             tokens, mask, step = build_ngram_drafts(
-                self.echo_policy,
+                echo.policy,
                 drafters,
                 torch.tensor(roots, dtype=torch.int64),
-                self.echo_width,
-                k_max=cap,
-                per_step_width=self.echo_step_width,
-                guard=self.echo_guard,
+                echo.width,
+                k_max=echo.step_cap(bs),
+                per_step_width=echo.per_step_width,
+                guard=echo.guard,
             )
             step.draft_s = time.perf_counter() - t0 - step.control_s  # catch-up + lookups
             self._echo_step = step
-            self.echo_metrics.on_tree_depths(batch.reqs, step.depths)
-            if self.echo_probe is not None:
-                self.echo_probe.on_draft(
-                    step.pool, self.echo_policy.max_depth, [r.rid for r in batch.reqs], root_positions
-                )
+            echo.metrics.on_tree_depths(batch.reqs, step.depths)
+            if echo.probe is not None:
+                echo.probe.on_draft(step.pool, echo.policy.max_depth, [r.rid for r in batch.reqs], root_positions)
                 self._echo_draft_s = time.perf_counter() - t0
             step.prepare_s = time.perf_counter() - t0
             return tokens, mask
 
         def _prepare_for_speculative_decoding(self, batch) -> None:
-            if self.echo_step_width:  # the trees decide the width NGRAM's prepare lays out
+            if self.echo.per_step_width:  # the trees decide the width NGRAM's prepare lays out
                 self._echo_drafts = self._draft(batch) if batch.forward_mode.is_decode() else None
-                self._set_width(self._echo_step.width if self._echo_drafts is not None else self.echo_width)
+                self._set_width(self._echo_step.width if self._echo_drafts is not None else self.echo.width)
             super()._prepare_for_speculative_decoding(batch)
             step = self._echo_step
             if (
-                self.echo_verify == "ragged"
+                self.echo.verify == VerifyMode.RAGGED
                 and step is not None
                 and batch.forward_mode.is_target_verify()
                 and int(step.sizes.min()) < step.width
@@ -425,32 +353,17 @@ def _define_worker():
             self._echo_step = None
             t0 = time.perf_counter()
             result = super().forward_batch_generation(batch, *args, **kwargs)
-            self.echo_sync()
+            self.echo.sync()
             step_s = time.perf_counter() - t0
             st, self._echo_step = self._echo_step, None
             if st is not None and batch.forward_mode is not None and not batch.forward_mode.is_idle():
                 # verify: NGRAM's tree reconstruction, target verify, accept and KV move.
-                self.echo_metrics.on_timing(
-                    control=st.control_s, draft=st.draft_s, verify=step_s - st.prepare_s, step=step_s
-                )
-                forward_tokens = target_tokens(self.echo_verify, st.sizes, st.width)
-                if self.echo_probe is not None:  # the verify pass is the step minus its drafting
-                    self.echo_probe.on_verify(forward_tokens, time.perf_counter() - t0 - self._echo_draft_s)
-                result.cap_lens = st.sizes.to(self.device)
-                self.echo_metrics.check_budget(self.echo_policy, st)
-                self.echo_metrics.on_step(st, forward_tokens)
-                if self.echo_budget is not None:
-                    decision = self.echo_budget.observe_step(
-                        batch_size=st.sizes.numel(),
-                        target_tokens=forward_tokens,
-                        verified_tokens=st.verified,
-                        draft_forwards=st.draft_forwards,
-                        draft_s=st.draft_s + st.control_s,
-                        verify_s=step_s - st.prepare_s,
-                        step_s=step_s,
-                        cap=st.cap,
-                    )
-                    self.echo_metrics.on_budget_step(decision, step_s)
+                st.verify_s = step_s - st.prepare_s
+                st.forward_tokens = target_tokens(self.echo.verify, st.sizes, st.width)
+                if self.echo.probe is not None:  # the verify pass is the step minus its drafting
+                    self.echo.probe.on_verify(st.forward_tokens, time.perf_counter() - t0 - self._echo_draft_s)
+                self.echo.on_verified(result, st)
+                self.echo.on_step_end(st, step_s)
             return result
 
         # -- NGRAM's external-corpus API: not for ECHO ---------------------------------------------------

@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -87,6 +89,16 @@ def run_staggered(
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         futs = [pool.submit(one, i, ids) for i, ids in enumerate(inputs)]
         return [f.result() for f in futs]
+
+
+def result_in_scheduler(code: str) -> str:
+    """What ``code`` (one line of Python) prints after ``RESULT `` where the scheduler runs
+    (sglang's CPU engine, which shims the kernels sglang's worker modules import)."""
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False)
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert line, p.stdout[-2000:] + p.stderr[-3000:]
+    return line[0].removeprefix("RESULT ")
 
 
 def scrape(url: str) -> dict[str, float]:

@@ -17,10 +17,7 @@ budgeted-chain): see :func:`.conftest.matrix`.
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -39,7 +36,7 @@ from sglang_echo.integration.ngram_worker import (
 )
 from sglang_echo.serve.client import Generation
 
-from .conftest import WORKERS, matrix, run_staggered, scrape
+from .conftest import WORKERS, matrix, result_in_scheduler, run_staggered, scrape
 from .test_config import write_calibration
 
 NGRAM = {"SGLANG_ECHO_DRAFTER": "ngram"}
@@ -195,21 +192,19 @@ def test_greedy_verify_loop_is_lossless(policy):
 
 
 def test_hooks_and_init_match_installed_sglang():
-    """The ngram rows of the compat table and the copied NGRAMWorker.__init__ attribute list,
-    checked where sglang's kernels import (the CPU engine shims them, as in the scheduler)."""
+    """The ngram rows of the compat table and the re-implemented NGRAMWorker.__init__ (its
+    attribute list, compat.MIRRORS), checked where sglang's kernels import (the CPU engine shims
+    them, as in the scheduler); EchoNgramWorker.__init__ sets every attribute sglang's sets."""
     code = (
-        "from sglang_echo.integration.compat import check_hooks; "
+        "from sglang_echo.integration import compat; "
         "from sglang_echo.integration import ngram_worker as m; "
         "import sglang.srt.speculative.ngram_worker; "
         "w = m.EchoNgramWorker; from sglang.srt.speculative.ngram_worker import NGRAMWorker; "
         "assert issubclass(w, NGRAMWorker); "
-        "print('RESULT', check_hooks(), sorted(m.init_drift()))"
+        "missing = compat.NGRAM_WORKER_INIT_ATTRS - compat.assigned_attrs(w.__init__); "
+        "print('RESULT', compat.check_hooks(), sorted(missing))"
     )
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False)
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert line, p.stdout[-2000:] + p.stderr[-3000:]
-    assert line[0] == "RESULT [] []"
+    assert result_in_scheduler(code) == "[] []"
 
 
 # -- servers ------------------------------------------------------------------------------------

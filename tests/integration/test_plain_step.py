@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from sglang_echo.integration.config import load_config, make_echo_policy
+from sglang_echo.integration.faults import DraftGuard
+from sglang_echo.integration.metrics import EchoMetrics
 from sglang_echo.integration.ragged import MARK
+from sglang_echo.integration.session import EchoSession, StepRecord
 
 # sglang is imported inside the tests: importing it while collecting would import triton before
 # tests/kernels sets TRITON_INTERPRET.
@@ -21,18 +24,20 @@ class DraftSetupReached(Exception):
 
 
 def _worker(cap: int, *, probe=None, per_step_width: bool = True):
-    """An EchoDraftWorker with just the state draft() reads (no model, no pools)."""
-    from sglang.srt.speculative.eagle_utils import TreeMaskMode
-
-    from sglang_echo.integration.worker import EchoDraftWorker, EchoStepState
+    """An EchoDraftWorker with just the state draft() reads (no model, no pools): sglang's half set
+    by hand, ECHO's an EchoSession as after start-up (ragged verify, ``cap`` from the cost budget)."""
+    from sglang_echo.integration.draft_worker import EchoDraftWorker
 
     cfg = load_config(environ={"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": "64"})
+    echo = object.__new__(EchoSession)
+    echo.cfg, echo.policy, echo.width, echo.device = cfg, make_echo_policy(cfg), cfg.resolved_width(), "cpu"
+    echo.kmax, echo.budget, echo.probe = None, SimpleNamespace(cap=lambda bs: cap), probe
+    echo.verify, echo.ragged_graphs, echo.per_step_width = "ragged", False, per_step_width
+    echo.metrics, echo.guard, echo.sync = EchoMetrics(64, enabled=False), DraftGuard(100), lambda: None
     w = object.__new__(EchoDraftWorker)
-    w.echo_cfg, w.echo_policy, w.echo_width = cfg, make_echo_policy(cfg), cfg.resolved_width()
-    w.echo_step, w.echo_probe, w.echo_ragged, w.echo_step_width = EchoStepState(), probe, True, per_step_width
-    w.echo_budget = SimpleNamespace(cap=lambda bs: cap)
+    w.echo, w.step_drafter, w.echo_step, w.echo_backlog = echo, None, StepRecord(), None
     w.speculative_num_steps, w.topk, w.device = cfg.max_depth, max(2, cfg.w_max), "cpu"
-    w.tree_mask_mode, w.req_to_token_pool, w.draft_runner = TreeMaskMode.QLEN_ONLY, None, None
+    w.req_to_token_pool, w.draft_runner = None, None
     w.target_worker = SimpleNamespace(
         model_runner=SimpleNamespace(attn_backend=SimpleNamespace(verify_mask=None), kv_index_translator=None)
     )
@@ -44,7 +49,7 @@ def _batch(bs: int):
         forward_mode=SimpleNamespace(is_idle=lambda: False),
         seq_lens=torch.tensor([5, 9, 3, 12][:bs]),
         spec_info=SimpleNamespace(bonus_tokens=torch.tensor([[11], [12], [13], [14]][:bs])),
-        reqs=[SimpleNamespace(rid=f"r{i}") for i in range(bs)],
+        reqs=[SimpleNamespace(rid=f"r{i}", output_ids=[], customized_info=None) for i in range(bs)],
     )
 
 
@@ -53,9 +58,9 @@ def no_draft_setup(monkeypatch):
     def reached(*_, **__):
         raise DraftSetupReached
 
-    from sglang_echo.integration import worker
+    from sglang_echo.integration import draft_worker
 
-    monkeypatch.setattr(worker, "prepare_for_draft", reached)
+    monkeypatch.setattr(draft_worker, "prepare_for_draft", reached)
 
 
 def test_a_step_capped_at_its_roots_skips_the_draft_setup(no_draft_setup):

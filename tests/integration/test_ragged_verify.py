@@ -352,15 +352,15 @@ def test_backend_ragged_metadata_matches_padded_attention(seed: int) -> None:
 def test_with_ragged_graphs_every_verify_is_marked(monkeypatch) -> None:
     """Under compact graphs an unmarked TARGET_VERIFY would run eagerly: a step whose every tree
     fills its width is marked too (without graphs it is not: its dense layout is the ragged one)."""
-    from sglang_echo.integration import worker
+    from sglang_echo.integration import draft_worker
 
     from .test_plain_step import _batch as step_batch
     from .test_plain_step import _worker
 
-    monkeypatch.setattr(worker, "prepare_for_draft", None)  # a plain step never reaches it
+    monkeypatch.setattr(draft_worker, "prepare_for_draft", None)  # a plain step never reaches it
     for graphs in (False, True):
         w = _worker(cap=4)
-        w.echo_ragged_graphs = graphs
+        w.echo.ragged_graphs = graphs
         vi = w.draft(step_batch(4))
         assert (getattr(vi, MARK, None) is not None) == graphs
         if graphs:
