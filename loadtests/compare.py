@@ -35,8 +35,9 @@ def read_sweep(folder: Path) -> dict[int, dict[str, float | None]]:
     if not path.exists():
         raise FileNotFoundError(f"{folder}: no {SUMMARY_CSV} (not a finished sweep)")
     with open(path, newline="", encoding="utf-8") as fh:
-        return {int(row["users"]): {c: float(row[c]) if row[c] else None for c in COLUMNS}
-                for row in csv.DictReader(fh)}
+        return {
+            int(row["users"]): {c: float(row[c]) if row[c] else None for c in COLUMNS} for row in csv.DictReader(fh)
+        }
 
 
 def markdown(sweeps: dict[str, dict[int, dict]], users: list[int]) -> str:
@@ -74,23 +75,27 @@ def passes_markdown(passes: Sequence[dict[str, Rows]], users: list[int]) -> str:
         cells = [str(u)] + [f"{statistics.median(tps[n]):.1f}" for n in names]
         for n in names[1:]:
             ratios = [t / b for t, b in zip(tps[n], tps[base]) if b]
-            cells += [" / ".join(f"{r:.2f}x" for r in ratios) or "-",
-                      f"{statistics.median(ratios):.2f}x" if ratios else "-",
-                      f"{min(ratios):.2f}x" if ratios else "-"]
-        cells += [f"{sum(int(p[n][u]['failures'] or 0) for p in passes)}/"
-                  f"{sum(int(p[n][u]['requests'] or 0) for p in passes)}" for n in names]
+            cells += [
+                " / ".join(f"{r:.2f}x" for r in ratios) or "-",
+                f"{statistics.median(ratios):.2f}x" if ratios else "-",
+                f"{min(ratios):.2f}x" if ratios else "-",
+            ]
+        cells += [
+            f"{sum(int(p[n][u]['failures'] or 0) for p in passes)}/{sum(int(p[n][u]['requests'] or 0) for p in passes)}"
+            for n in names
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def median_rows(passes: Sequence[dict[str, Rows]]) -> dict[str, Rows]:
     """Each server's columns, median over passes (what :func:`plot` draws for several passes)."""
+
     def med(values: list[float | None]) -> float | None:
         present = [v for v in values if v is not None]
         return statistics.median(present) if present else None
 
-    return {n: {u: {c: med([p[n][u][c] for p in passes]) for c in COLUMNS} for u in passes[0][n]}
-            for n in passes[0]}
+    return {n: {u: {c: med([p[n][u][c] for p in passes]) for c in COLUMNS} for u in passes[0][n]} for n in passes[0]}
 
 
 def _num(v: float | None) -> str:
@@ -99,8 +104,11 @@ def _num(v: float | None) -> str:
 
 def plot(sweeps: dict[str, dict[int, dict]], users: list[int], path: Path, title: str = "") -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), constrained_layout=True)
-    panels = (("tokens_per_s", "output tokens/s"), ("tpot_p50_ms", "time per output token p50 (ms)"),
-              ("ttft_p50_ms", "time to first token p50 (ms)"))
+    panels = (
+        ("tokens_per_s", "output tokens/s"),
+        ("tpot_p50_ms", "time per output token p50 (ms)"),
+        ("ttft_p50_ms", "time to first token p50 (ms)"),
+    )
     for ax, (column, title) in zip(axes, panels):
         for name, rows in sweeps.items():
             pts = [(u, rows[u][column]) for u in users if rows[u][column] is not None]

@@ -39,6 +39,7 @@ class LevelFiles:
     # Locust's own statistics at exit. Not its --csv files: those are rewritten once a second,
     # so they miss up to the last second of a level (and all of a level shorter than that).
     locust_stats: Path
+    hostile_samples: Path  # one JSON line per hostile request sent (a soak's; loadtests/hostile.py)
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,20 @@ class Sweep:
     # this long. Without it a slow level would count only the requests that happen to end inside
     # the window (the short ones), overstating latency's floor and understating tokens/s.
     drain_seconds: int = 180
+    # A soak's hostile traffic: one case of ``hostile_cases`` (a file of loadtests/hostile.py's
+    # cases, sent in turn) before every ``hostile_every``-th normal request; 0: none.
+    hostile_every: int = 0
+    hostile_cases: Path | None = None
+    hostile_timeout: float = 120.0
 
     def files(self, users: int) -> LevelFiles:
         stem = self.out / f"users_{users:03d}"
-        return LevelFiles(samples=stem.with_suffix(".samples.jsonl"), log=stem.with_suffix(".log"),
-                          locust_stats=stem.with_suffix(".locust.json"))
+        return LevelFiles(
+            samples=stem.with_suffix(".samples.jsonl"),
+            log=stem.with_suffix(".log"),
+            locust_stats=stem.with_suffix(".locust.json"),
+            hostile_samples=stem.with_suffix(".hostile.jsonl"),
+        )
 
 
 def flush_prefix_cache(host: str, wait_s: float = 60.0) -> bool | None:
@@ -89,19 +99,44 @@ def flush_prefix_cache(host: str, wait_s: float = 60.0) -> bool | None:
 def locust_command(sweep: Sweep, users: int) -> list[str]:
     files = sweep.files(users)
     cmd = [
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
-        "--host", sweep.host,
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "--host",
+        sweep.host,
         # Every user starts at once: a level measures steady concurrency, not a ramp.
-        "--users", str(users), "--spawn-rate", str(users),
-        "--run-time", f"{sweep.level_seconds}s", "--stop-timeout", str(sweep.drain_seconds),
+        "--users",
+        str(users),
+        "--spawn-rate",
+        str(users),
+        "--run-time",
+        f"{sweep.level_seconds}s",
+        "--stop-timeout",
+        str(sweep.drain_seconds),
         # --only-summary: no stats table every few seconds in the log; locust appends ".json".
-        "--only-summary", "--json-file", str(files.locust_stats.with_suffix("")),
+        "--only-summary",
+        "--json-file",
+        str(files.locust_stats.with_suffix("")),
         # Failed requests are data here, not a reason for locust to report failure.
-        "--exit-code-on-error", "0", "--loglevel", "WARNING",
-        "--model", sweep.model, "--max-tokens", str(sweep.max_tokens),
-        "--max-requests", str(sweep.level_requests), "--samples-file", str(files.samples),
-        "--prompts-per-set", str(sweep.prompts_per_set),
-        "--request-timeout", str(sweep.request_timeout),
+        "--exit-code-on-error",
+        "0",
+        "--loglevel",
+        "WARNING",
+        "--model",
+        sweep.model,
+        "--max-tokens",
+        str(sweep.max_tokens),
+        "--max-requests",
+        str(sweep.level_requests),
+        "--samples-file",
+        str(files.samples),
+        "--prompts-per-set",
+        str(sweep.prompts_per_set),
+        "--request-timeout",
+        str(sweep.request_timeout),
     ]
     if sweep.ignore_eos:
         cmd.append("--ignore-eos")
@@ -111,6 +146,17 @@ def locust_command(sweep: Sweep, users: int) -> list[str]:
         cmd.append("--allow-remote")
     if sweep.tags:
         cmd += ["--tags", *sweep.tags]
+    if sweep.hostile_every and sweep.hostile_cases is not None:
+        cmd += [
+            "--hostile-every",
+            str(sweep.hostile_every),
+            "--hostile-cases",
+            str(sweep.hostile_cases),
+            "--hostile-samples-file",
+            str(files.hostile_samples),
+            "--hostile-timeout",
+            str(sweep.hostile_timeout),
+        ]
     return cmd
 
 
@@ -122,19 +168,21 @@ def run_level(sweep: Sweep, users: int, progress: Progress | None = None, label:
     files = sweep.files(users)
     samples, log = files.samples, files.log
     samples.unlink(missing_ok=True)  # the locustfile appends
+    files.hostile_samples.unlink(missing_ok=True)
     task: TaskID | None = None
     if progress is not None:
         task = progress.add_task(f"{label} {users:>4} users".lstrip(), total=sweep.level_requests)
     deadline = time.monotonic() + sweep.level_seconds + sweep.drain_seconds + GRACE_S
     with open(log, "w", encoding="utf-8") as log_fh:
         # cwd: locust puts the working directory on sys.path, which makes `loadtests` importable.
-        proc = subprocess.Popen(locust_command(sweep, users), cwd=REPO_ROOT, stdout=log_fh,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(locust_command(sweep, users), cwd=REPO_ROOT, stdout=log_fh, stderr=subprocess.STDOUT)
         try:
             while proc.poll() is None:
                 if time.monotonic() > deadline:
-                    raise LevelFailed(f"{users} users: locust still running {GRACE_S:.0f}s after "
-                                      f"the level's time limit and drain (log: {log})")
+                    raise LevelFailed(
+                        f"{users} users: locust still running {GRACE_S:.0f}s after "
+                        f"the level's time limit and drain (log: {log})"
+                    )
                 if task is not None:
                     progress.update(task, completed=_count_lines(samples))
                 time.sleep(POLL_S)
@@ -150,5 +198,4 @@ def run_level(sweep: Sweep, users: int, progress: Progress | None = None, label:
     if task is not None:
         progress.update(task, completed=len(found))
     # Locust warns when its own process saturates a core; then the client, not the server, limits.
-    return summarise(users, found, request_budget=sweep.level_requests,
-                     client_cpu_warning="CPU usage" in text)
+    return summarise(users, found, request_budget=sweep.level_requests, client_cpu_warning="CPU usage" in text)

@@ -12,6 +12,10 @@ inflate its "Aggregated" row); ``loadtests/run.py`` reads the exact per-request 
 ``--samples-file`` instead.
 
 Tags select the traffic: ``--tags stream``, ``--tags chat``, ``--exclude-tags nostream``, ...
+
+``--hostile-every N --hostile-cases FILE`` (a soak, ``loadtests/soak.py``) mixes hostile requests in:
+before every N-th normal request its user sends the next case of the file (``loadtests/hostile.py``),
+the cases in turn, and appends how it was answered to ``--hostile-samples-file``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from locust import HttpUser, constant, events, tag, task
 from locust.env import Environment
 from locust.exception import StopUser
 
+from loadtests.hostile import HostileCase, HostileSample, read_cases, send
 from loadtests.hosts import check_host
 from loadtests.measure import Measured, Sample, exception_kind, measure_json, measure_stream
 from sglang_echo.models.prompts import Prompt, load_mixed
@@ -35,24 +40,81 @@ from sglang_echo.models.prompts import Prompt, load_mixed
 
 @events.init_command_line_parser.add_listener
 def _options(parser: Any) -> None:
-    parser.add_argument("--max-tokens", type=int, default=64, env_var="LOCUST_MAX_TOKENS",
-                        help="max_tokens of every request")
-    parser.add_argument("--max-tokens-jitter", type=int, default=0, env_var="LOCUST_MAX_TOKENS_JITTER",
-                        help="draw each request's max_tokens from max_tokens +- this (seeded)")
-    parser.add_argument("--ignore-eos", action="store_true", env_var="LOCUST_IGNORE_EOS",
-                        help="sglang's ignore_eos: every request generates exactly max_tokens")
-    parser.add_argument("--prompts-per-set", type=int, default=40, env_var="LOCUST_PROMPTS_PER_SET",
-                        help="prompts taken from each dev prompt set")
-    parser.add_argument("--model", default="", env_var="LOCUST_MODEL",
-                        help="model name to send (default: the first of GET /v1/models)")
-    parser.add_argument("--max-requests", type=int, default=0, env_var="LOCUST_MAX_REQUESTS",
-                        help="stop after this many finished requests (0: no limit)")
-    parser.add_argument("--samples-file", default="", env_var="LOCUST_SAMPLES_FILE",
-                        help="append one JSON line per finished request here")
-    parser.add_argument("--request-timeout", type=float, default=600.0,
-                        env_var="LOCUST_REQUEST_TIMEOUT", help="seconds without data before a request fails")
-    parser.add_argument("--allow-remote", action="store_true", env_var="LOCUST_ALLOW_REMOTE",
-                        help="allow a --host other than localhost")
+    parser.add_argument(
+        "--max-tokens", type=int, default=64, env_var="LOCUST_MAX_TOKENS", help="max_tokens of every request"
+    )
+    parser.add_argument(
+        "--max-tokens-jitter",
+        type=int,
+        default=0,
+        env_var="LOCUST_MAX_TOKENS_JITTER",
+        help="draw each request's max_tokens from max_tokens +- this (seeded)",
+    )
+    parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        env_var="LOCUST_IGNORE_EOS",
+        help="sglang's ignore_eos: every request generates exactly max_tokens",
+    )
+    parser.add_argument(
+        "--prompts-per-set",
+        type=int,
+        default=40,
+        env_var="LOCUST_PROMPTS_PER_SET",
+        help="prompts taken from each dev prompt set",
+    )
+    parser.add_argument(
+        "--model", default="", env_var="LOCUST_MODEL", help="model name to send (default: the first of GET /v1/models)"
+    )
+    parser.add_argument(
+        "--max-requests",
+        type=int,
+        default=0,
+        env_var="LOCUST_MAX_REQUESTS",
+        help="stop after this many finished requests (0: no limit)",
+    )
+    parser.add_argument(
+        "--samples-file",
+        default="",
+        env_var="LOCUST_SAMPLES_FILE",
+        help="append one JSON line per finished request here",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        env_var="LOCUST_REQUEST_TIMEOUT",
+        help="seconds without data before a request fails",
+    )
+    parser.add_argument(
+        "--allow-remote", action="store_true", env_var="LOCUST_ALLOW_REMOTE", help="allow a --host other than localhost"
+    )
+    parser.add_argument(
+        "--hostile-every",
+        type=int,
+        default=0,
+        env_var="LOCUST_HOSTILE_EVERY",
+        help="send a hostile request before every N-th normal one (0: never)",
+    )
+    parser.add_argument(
+        "--hostile-cases",
+        default="",
+        env_var="LOCUST_HOSTILE_CASES",
+        help="the hostile cases, one JSON line each (loadtests/hostile.py), sent in turn",
+    )
+    parser.add_argument(
+        "--hostile-samples-file",
+        default="",
+        env_var="LOCUST_HOSTILE_SAMPLES_FILE",
+        help="append one JSON line per hostile request here",
+    )
+    parser.add_argument(
+        "--hostile-timeout",
+        type=float,
+        default=120.0,
+        env_var="LOCUST_HOSTILE_TIMEOUT",
+        help="seconds a hostile request may wait for its answer (a disconnecting stream: --request-timeout)",
+    )
 
 
 class _Run:
@@ -117,6 +179,43 @@ class _Run:
 RUN = _Run()
 
 
+class _Hostile:
+    """Per-process hostile traffic: the cases, sent in turn, and the file their answers go to."""
+
+    def __init__(self) -> None:
+        self.cases: list[HostileCase] = []
+        self.every = 0
+        self.sent = 0
+        self.samples: IO[str] | None = None
+
+    def setup(self, env: Environment) -> None:
+        opts = env.parsed_options
+        if opts.hostile_every > 0 and opts.hostile_cases:
+            self.cases, self.every = read_cases(Path(opts.hostile_cases)), opts.hostile_every
+        if self.cases and opts.hostile_samples_file and self.samples is None:
+            self.samples = open(Path(opts.hostile_samples_file), "a", encoding="utf-8", buffering=1)
+
+    def due(self, started: int) -> HostileCase | None:
+        """The case to send before the ``started``-th normal request, if one is due."""
+        if not self.cases or started % self.every:
+            return None
+        case = self.cases[self.sent % len(self.cases)]
+        self.sent += 1
+        return case
+
+    def record(self, sample: HostileSample) -> None:
+        if self.samples is not None:
+            self.samples.write(sample.to_json() + "\n")
+
+    def close(self) -> None:
+        if self.samples is not None:
+            self.samples.close()
+            self.samples = None
+
+
+HOSTILE = _Hostile()
+
+
 def _first_model(host: str) -> str:
     r = requests.get(f"{host}/v1/models", timeout=60)
     r.raise_for_status()
@@ -127,6 +226,7 @@ def _first_model(host: str) -> str:
 def _on_init(environment: Environment, **_: Any) -> None:
     try:
         RUN.setup(environment)
+        HOSTILE.setup(environment)
     except (ValueError, OSError, KeyError) as exc:  # refused host, server down, no models
         # SystemExit passes through locust's event hook and ends the process before any user.
         raise SystemExit(f"loadtests: {exc}") from exc
@@ -140,6 +240,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
 @events.quitting.add_listener
 def _on_quit(**_: Any) -> None:
     RUN.close()
+    HOSTILE.close()
 
 
 class OpenAIUser(HttpUser):
@@ -183,12 +284,21 @@ class OpenAIUser(HttpUser):
     def _request(self, endpoint: str, *, stream: bool) -> None:
         if not RUN.take():
             raise StopUser()
+        if (case := HOSTILE.due(RUN.started)) is not None:
+            opts = self.environment.parsed_options
+            # A disconnecting stream queues for its first token like any request; a refusal should not.
+            HOSTILE.record(send(self.host, case, opts.request_timeout if case.disconnect else opts.hostile_timeout))
         path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
         name = f"{path} [{'stream' if stream else 'no stream'}]"
         start, t0 = time.time(), time.perf_counter()
-        with self.client.post(path, json=self._body(endpoint, stream), name=name, stream=stream,
-                              catch_response=True,
-                              timeout=self.environment.parsed_options.request_timeout) as resp:
+        with self.client.post(
+            path,
+            json=self._body(endpoint, stream),
+            name=name,
+            stream=stream,
+            catch_response=True,
+            timeout=self.environment.parsed_options.request_timeout,
+        ) as resp:
             if resp.status_code == 0:  # locust's stand-in response for a connection failure
                 got = Measured(error=exception_kind(getattr(resp, "error", None) or OSError()))
             elif resp.status_code != 200:
@@ -209,10 +319,13 @@ class OpenAIUser(HttpUser):
         if got.error is None:
             self._report("TTFT", name, got.ttft_s)
             self._report("TPOT", name, got.tpot_s)
-        RUN.record(self.environment, Sample(endpoint, stream, start, latency, got.output_tokens,
-                                            got.ttft_s, got.tpot_s, got.error))
+        RUN.record(
+            self.environment,
+            Sample(endpoint, stream, start, latency, got.output_tokens, got.ttft_s, got.tpot_s, got.error),
+        )
 
     def _report(self, kind: str, name: str, seconds: float | None) -> None:
         if seconds is not None:
-            self.environment.events.request.fire(request_type=kind, name=name, response_time=seconds * 1e3,
-                                                 response_length=0, exception=None, context={})
+            self.environment.events.request.fire(
+                request_type=kind, name=name, response_time=seconds * 1e3, response_length=0, exception=None, context={}
+            )

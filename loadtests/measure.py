@@ -94,7 +94,7 @@ def _sse_payloads(lines: Iterable[bytes | str]) -> Iterator[str]:
     for raw in lines:
         line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         if line.startswith("data:"):
-            yield line[len("data:"):].strip()
+            yield line[len("data:") :].strip()
 
 
 def measure_stream(lines: Iterable[bytes | str], t0: float, clock: Clock = time.perf_counter) -> Measured:

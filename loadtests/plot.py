@@ -44,8 +44,7 @@ def _errors(ax: Axes, results: Sequence[LevelResult]) -> None:
     for kind in kinds:
         counts = [r.errors.get(kind, 0) for r in results]
         # Bars a fraction of each level's own x, so they keep a constant width on the log axis.
-        ax.bar([r.users for r in results], counts, width=[r.users * 0.3 for r in results],
-               bottom=bottom, label=kind)
+        ax.bar([r.users for r in results], counts, width=[r.users * 0.3 for r in results], bottom=bottom, label=kind)
         bottom = [b + c for b, c in zip(bottom, counts)]
     ax.set_title("errors (of requests: " + ", ".join(str(r.requests) for r in results) + ")")
     ax.set_ylabel("failed requests")

@@ -32,16 +32,19 @@ def parse_target(text: str) -> Target:
     if not sep or "://" in name:  # a bare URL, perhaps with "=" in its query
         return Target("", text)
     if not name.replace("-", "").replace("_", "").isalnum() or name.startswith("pass"):
-        raise ValueError(f"--host {text!r}: the name before '=' labels a results folder; use "
-                         "letters, digits, - and _ (and not pass<N>, the passes' folders)")
+        raise ValueError(
+            f"--host {text!r}: the name before '=' labels a results folder; use "
+            "letters, digits, - and _ (and not pass<N>, the passes' folders)"
+        )
     return Target(name, url)
 
 
 def check_targets(targets: Sequence[Target]) -> None:
     names = [t.name for t in targets]
     if len(targets) > 1 and not all(names):
-        raise ValueError("several --host: name each one, e.g. --host none=http://127.0.0.1:30100 "
-                         "--host echo=http://127.0.0.1:30200")
+        raise ValueError(
+            "several --host: name each one, e.g. --host none=http://127.0.0.1:30100 --host echo=http://127.0.0.1:30200"
+        )
     if len(set(names)) != len(names):
         raise ValueError(f"--host names must differ, got {names}")
 
@@ -62,8 +65,9 @@ def level_order(targets: Sequence[Target], pass_index: int, level_index: int) ->
 RunLevel = Callable[[Target, int, int], LevelResult]  # (server, pass index, users) -> its level
 
 
-def run_passes(targets: Sequence[Target], passes: int, users: Sequence[int],
-               run_level: RunLevel) -> dict[str, list[list[LevelResult]]]:
+def run_passes(
+    targets: Sequence[Target], passes: int, users: Sequence[int], run_level: RunLevel
+) -> dict[str, list[list[LevelResult]]]:
     """Every (pass, level, server) once, each level against every server in the order
     :func:`level_order` gives; ``results[name][k]``: server ``name``'s levels of pass ``k``,
     in ``users`` order."""
@@ -78,7 +82,10 @@ def run_passes(targets: Sequence[Target], passes: int, users: Sequence[int],
 def sweeps_for(base: Sweep, models: dict[Target, str], passes: int, out: Path) -> dict[str, list[Sweep]]:
     """One :class:`Sweep` per server and pass: ``base``'s settings, each server's URL, model
     (``models``: server -> the model it serves) and folder."""
-    return {t.name: [replace(base, host=t.url, model=model,
-                             out=result_folder(out, t, k, targets=len(models), passes=passes))
-                     for k in range(passes)]
-            for t, model in models.items()}
+    return {
+        t.name: [
+            replace(base, host=t.url, model=model, out=result_folder(out, t, k, targets=len(models), passes=passes))
+            for k in range(passes)
+        ]
+        for t, model in models.items()
+    }

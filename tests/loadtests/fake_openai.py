@@ -7,7 +7,11 @@ With ``native=True`` it also answers as sglang's own API does: ``/model_info`` a
 ``offset``: a server whose greedy outputs differ) and whose ``meta_info`` counts verify steps as
 a speculative server committing ``accept_length`` tokens a step would (with ECHO's per-token
 ``echo_tree_depth``), streamed cumulatively as sglang does by default, or ``incremental``ly.
-``metrics`` is served as ``/metrics`` (Prometheus text) where set."""
+``metrics`` is served as ``/metrics`` (Prometheus text) where set.
+
+For soaks: ``/health`` answers ``health_status``; a body that is not JSON is a 400, as is every body
+in ``refuse`` (e.g. a hostile battery's), answered with ``refuse_status`` instead where set (500: a
+server that breaks on them) and counted in ``refused``, not in ``served``."""
 
 from __future__ import annotations
 
@@ -36,6 +40,10 @@ class FakeConfig:
     incremental: bool = False  # /generate streams: each chunk's new ids and per-token records only
     metrics: str | None = None  # GET /metrics answers this where set
     model_path: str = "/fake/model"
+    context_len: int = 2048  # /v1/models' max_model_len
+    health_status: int = 200  # GET /health
+    refuse: frozenset[bytes] = frozenset()  # request bodies answered with refuse_status
+    refuse_status: int = 400
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -48,7 +56,7 @@ class _QuietServer(ThreadingHTTPServer):
 class FakeOpenAI:
     def __init__(self, config: FakeConfig) -> None:
         self.config = config
-        self.served = self.failed = self.flushes = 0
+        self.served = self.failed = self.flushes = self.refused = self.health_polls = 0
         self.bodies: list[dict[str, Any]] = []  # every generation request's JSON body, in arrival order
         self._lock = threading.Lock()
         self._httpd = _QuietServer(("127.0.0.1", 0), _handler(self))
@@ -99,7 +107,12 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path == "/v1/models":
-                self._send(200, json.dumps({"data": [{"id": MODEL}]}).encode())
+                card = {"id": MODEL, "max_model_len": fake.config.context_len}
+                self._send(200, json.dumps({"data": [card]}).encode())
+            elif self.path == "/health":
+                with fake._lock:
+                    fake.health_polls += 1
+                self._send(fake.config.health_status, b"")
             elif self.path == "/model_info" and fake.config.native:
                 self._send(200, json.dumps({"model_path": fake.config.model_path}).encode())
             elif self.path == "/metrics" and fake.config.metrics is not None:
@@ -108,13 +121,21 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 self._send(404, b"{}")
 
         def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if raw in fake.config.refuse:
+                with fake._lock:
+                    fake.refused += 1
+                return self._send(fake.config.refuse_status, b'{"error": "refused"}')
             if self.path.startswith("/flush_cache"):  # sglang's, with a ?timeout= query
                 fake.flushes += 1
                 return self._send(200, b"Cache flushed.", "text/plain")
             native = self.path == "/generate" and fake.config.native
             if self.path not in ("/v1/chat/completions", "/v1/completions") and not native:
                 return self._send(404, b"{}")
-            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            try:
+                req = json.loads(raw)
+            except (ValueError, RecursionError):
+                return self._send(400, b'{"error": "not JSON"}')
             with fake._lock:
                 fake.bodies.append(req)
             chat = self.path == "/v1/chat/completions"
@@ -130,10 +151,16 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 return self._stream(req, chat, malformed=failure == "malformed")
             # A whole generation's time, as a real server would take before answering.
             time.sleep(fake.config.first_token_delay_s + fake.config.token_delay_s * (req["max_tokens"] - 1))
-            body = b"{not json" if failure == "malformed" else json.dumps({
-                "choices": [{"index": 0, "text": "tok " * req["max_tokens"]}],
-                "usage": {"completion_tokens": req["max_tokens"], "prompt_tokens": _prompt_tokens(req)},
-            }).encode()
+            body = (
+                b"{not json"
+                if failure == "malformed"
+                else json.dumps(
+                    {
+                        "choices": [{"index": 0, "text": "tok " * req["max_tokens"]}],
+                        "usage": {"completion_tokens": req["max_tokens"], "prompt_tokens": _prompt_tokens(req)},
+                    }
+                ).encode()
+            )
             return self._send(200, body)
 
         def _start_stream(self) -> Any:
@@ -162,16 +189,20 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             depths = [0] + [cfg.accept_length - 1 if i % cfg.accept_length == 0 else 0 for i in range(n - 1)]
 
             def meta(k: int, first: int = 0) -> dict[str, Any]:
-                out = {"completion_tokens": k, "prompt_tokens": len(prompt),
-                       "finish_reason": {"type": "length"} if k == n else None}
+                out = {
+                    "completion_tokens": k,
+                    "prompt_tokens": len(prompt),
+                    "finish_reason": {"type": "length"} if k == n else None,
+                }
                 if cfg.accept_length > 1:  # a speculative server: ceil(k / accept_length) verify steps
                     out |= {"spec_verify_ct": -(-k // cfg.accept_length), "echo_tree_depth": depths[first:k]}
                 return out
 
             if not req.get("stream"):
                 time.sleep(cfg.first_token_delay_s + cfg.token_delay_s * (n - 1))
-                return self._send(200, json.dumps({"text": " ".join(map(str, ids)), "output_ids": ids,
-                                                   "meta_info": meta(n)}).encode())
+                return self._send(
+                    200, json.dumps({"text": " ".join(map(str, ids)), "output_ids": ids, "meta_info": meta(n)}).encode()
+                )
             event = self._start_stream()
             # the prefill's token, then accept_length a step; sglang's cumulative ids in every chunk, or
             # (incremental) only the new ones
@@ -179,8 +210,9 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             for i, k in enumerate(sorted({1, *range(1 + cfg.accept_length, n, cfg.accept_length), n})):
                 time.sleep(cfg.first_token_delay_s if i == 0 else cfg.token_delay_s)
                 first = sent if cfg.incremental else 0
-                event({"text": " ".join(map(str, ids[first:k])), "output_ids": ids[first:k],
-                       "meta_info": meta(k, first)})
+                event(
+                    {"text": " ".join(map(str, ids[first:k])), "output_ids": ids[first:k], "meta_info": meta(k, first)}
+                )
                 sent = k
             event("[DONE]")
             self.wfile.write(b"0\r\n\r\n")
@@ -196,8 +228,13 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                     time.sleep(fake.config.first_token_delay_s if i == 0 else fake.config.token_delay_s)
                     event(_chunk(chat, "tok "))
                 if (req.get("stream_options") or {}).get("include_usage"):
-                    event(_chunk(chat, None, usage={"completion_tokens": req["max_tokens"],
-                                                    "prompt_tokens": _prompt_tokens(req)}))
+                    event(
+                        _chunk(
+                            chat,
+                            None,
+                            usage={"completion_tokens": req["max_tokens"], "prompt_tokens": _prompt_tokens(req)},
+                        )
+                    )
                 event("[DONE]")
             self.wfile.write(b"0\r\n\r\n")
 

@@ -10,11 +10,26 @@ from loadtests.summary import LevelResult, write_csvs
 
 def _sweep(folder: Path, tokens_per_s: dict[int, float], failures: int = 0) -> Path:
     folder.mkdir()
-    rows = [LevelResult(users=u, stopped_by="time", requests=10, failures=failures, duration_s=10.0,
-                        req_per_s=1.0, output_tokens=int(t * 10), tokens_per_s=t, latency_p50_ms=100.0,
-                        latency_p95_ms=150.0, ttft_p50_ms=20.0, ttft_p95_ms=30.0,
-                        tpot_p50_ms=1000.0 / t, tpot_p95_ms=None, client_cpu_warning=False)
-            for u, t in tokens_per_s.items()]
+    rows = [
+        LevelResult(
+            users=u,
+            stopped_by="time",
+            requests=10,
+            failures=failures,
+            duration_s=10.0,
+            req_per_s=1.0,
+            output_tokens=int(t * 10),
+            tokens_per_s=t,
+            latency_p50_ms=100.0,
+            latency_p95_ms=150.0,
+            ttft_p50_ms=20.0,
+            ttft_p95_ms=30.0,
+            tpot_p50_ms=1000.0 / t,
+            tpot_p95_ms=None,
+            client_cpu_warning=False,
+        )
+        for u, t in tokens_per_s.items()
+    ]
     write_csvs(rows, folder)
     return folder
 

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from loadtests.hostile import battery, send
 from loadtests.hosts import RemoteHostRefused, check_host
 from loadtests.measure import Sample, measure_json, measure_stream
-from loadtests.run import SMOKE, main, parse_args
+from loadtests.run import SMOKE, main, parse_args, served_model
+from loadtests.soak import served_model as soak_model
 from loadtests.summary import summarise
 
 from ..conftest import LOADTEST_PORTS, launch_test_server
@@ -71,15 +73,18 @@ def _raising(exc: Exception) -> Iterator[bytes]:
     raise exc
 
 
-@pytest.mark.parametrize(("lines", "kind"), [
-    ([TEXT, b"data: {not json", DONE], "malformed_sse"),
-    ([TEXT, b'data: ["a list"]', DONE], "malformed_sse"),
-    ([TEXT, TEXT], "malformed_sse"),  # cut off before [DONE]
-    ([TEXT, _data('{"error": {"message": "boom"}}'), DONE], "stream_error"),
-    (_raising(requests.ConnectionError("Connection broken")), "connection"),
-    (_raising(ConnectionResetError()), "connection"),
-    (_raising(requests.ConnectionError("Read timed out.")), "timeout"),
-])
+@pytest.mark.parametrize(
+    ("lines", "kind"),
+    [
+        ([TEXT, b"data: {not json", DONE], "malformed_sse"),
+        ([TEXT, b'data: ["a list"]', DONE], "malformed_sse"),
+        ([TEXT, TEXT], "malformed_sse"),  # cut off before [DONE]
+        ([TEXT, _data('{"error": {"message": "boom"}}'), DONE], "stream_error"),
+        (_raising(requests.ConnectionError("Connection broken")), "connection"),
+        (_raising(ConnectionResetError()), "connection"),
+        (_raising(requests.ConnectionError("Read timed out.")), "timeout"),
+    ],
+)
 def test_broken_streams_are_errors_of_their_kind(lines, kind: str) -> None:
     got = measure(lines)
     assert got.error == kind and got.ttft_s is None
@@ -114,14 +119,23 @@ def test_summary_of_a_level() -> None:
 # --- hosts ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:30000", "http://localhost:8000/",
-                                 "http://[::1]:30000", "https://127.1.2.3"])
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:30000", "http://localhost:8000/", "http://[::1]:30000", "https://127.1.2.3"]
+)
 def test_loopback_hosts_are_allowed(url: str) -> None:
     assert check_host(url, allow_remote=False) == url.rstrip("/")
 
 
-@pytest.mark.parametrize("url", ["http://10.0.0.5:30000", "http://sglang.example.com",
-                                 "http://localhost.example.com", "ftp://127.0.0.1", "127.0.0.1:30000"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.0.5:30000",
+        "http://sglang.example.com",
+        "http://localhost.example.com",
+        "ftp://127.0.0.1",
+        "127.0.0.1:30000",
+    ],
+)
 def test_other_hosts_need_allow_remote(url: str) -> None:
     with pytest.raises(RemoteHostRefused):
         check_host(url, allow_remote=False)
@@ -161,21 +175,35 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def _sweep(fake: FakeOpenAI, out: Path, *options: str) -> int:
-    return main(["--host", fake.url, "--max-new-tokens", str(TOKENS), "--out", str(out), "--warmup-requests", "0", *options])
+    return main(
+        ["--host", fake.url, "--max-new-tokens", str(TOKENS), "--out", str(out), "--warmup-requests", "0", *options]
+    )
 
 
 def test_sweep_writes_csv_and_plot(tmp_path: Path) -> None:
     config = FakeConfig()
     with FakeOpenAI(config) as fake:
-        assert _sweep(fake, tmp_path, "--users", "2,4", "--level-requests", "12",
-                      "--level-seconds", "120", "--warmup-requests", "4") == 0
+        assert (
+            _sweep(
+                fake,
+                tmp_path,
+                "--users",
+                "2,4",
+                "--level-requests",
+                "12",
+                "--level-seconds",
+                "120",
+                "--warmup-requests",
+                "4",
+            )
+            == 0
+        )
     rows = _rows(tmp_path / "summary.csv")
     assert [int(r["users"]) for r in rows] == [2, 4]
     for r in rows:
         assert (r["requests"], r["failures"], r["stopped_by"], r["errors"]) == ("12", "0", "requests", "")
         assert int(r["output_tokens"]) == 12 * TOKENS
-        assert float(r["tokens_per_s"]) == pytest.approx(
-            int(r["output_tokens"]) / float(r["duration_s"]), rel=1e-2)
+        assert float(r["tokens_per_s"]) == pytest.approx(int(r["output_tokens"]) / float(r["duration_s"]), rel=1e-2)
         # The fake holds every first token back this long; no client can see it sooner.
         assert float(r["ttft_p50_ms"]) >= config.first_token_delay_s * 1e3
         assert float(r["ttft_p95_ms"]) >= float(r["ttft_p50_ms"])
@@ -193,8 +221,21 @@ def test_sweep_writes_csv_and_plot(tmp_path: Path) -> None:
 
 def test_max_tokens_jitter_draws_the_same_lengths_at_every_level(tmp_path: Path) -> None:
     with FakeOpenAI(FakeConfig(token_delay_s=0.0)) as fake:
-        assert _sweep(fake, tmp_path, "--users", "1,2", "--level-requests", "16", "--level-seconds", "120",
-                      "--max-new-tokens-jitter", "2") == 0
+        assert (
+            _sweep(
+                fake,
+                tmp_path,
+                "--users",
+                "1,2",
+                "--level-requests",
+                "16",
+                "--level-seconds",
+                "120",
+                "--max-new-tokens-jitter",
+                "2",
+            )
+            == 0
+        )
 
     def lengths(users: int) -> list[int]:
         lines = (tmp_path / f"users_{users:03d}.samples.jsonl").read_text().splitlines()
@@ -208,8 +249,22 @@ def test_max_tokens_jitter_draws_the_same_lengths_at_every_level(tmp_path: Path)
 
 def test_level_ends_at_its_time_limit(tmp_path: Path) -> None:
     with FakeOpenAI(FakeConfig()) as fake:
-        assert _sweep(fake, tmp_path, "--users", "2", "--level-requests", "100000",
-                      "--level-seconds", "2", "--keep-cache", "--drain-seconds", "0") == 0
+        assert (
+            _sweep(
+                fake,
+                tmp_path,
+                "--users",
+                "2",
+                "--level-requests",
+                "100000",
+                "--level-seconds",
+                "2",
+                "--keep-cache",
+                "--drain-seconds",
+                "0",
+            )
+            == 0
+        )
     assert fake.flushes == 0
     (row,) = _rows(tmp_path / "summary.csv")
     assert row["stopped_by"] == "time"
@@ -220,8 +275,22 @@ def test_level_ends_at_its_time_limit(tmp_path: Path) -> None:
 def test_requests_in_flight_at_the_limit_drain_and_count(tmp_path: Path) -> None:
     # Every request takes ~2.5 s, longer than the 1 s window: without the drain none would count.
     with FakeOpenAI(FakeConfig(first_token_delay_s=0.5, token_delay_s=0.5)) as fake:
-        assert _sweep(fake, tmp_path, "--users", "3", "--level-requests", "100000",
-                      "--level-seconds", "1", "--keep-cache", "--drain-seconds", "30") == 0
+        assert (
+            _sweep(
+                fake,
+                tmp_path,
+                "--users",
+                "3",
+                "--level-requests",
+                "100000",
+                "--level-seconds",
+                "1",
+                "--keep-cache",
+                "--drain-seconds",
+                "30",
+            )
+            == 0
+        )
     (row,) = _rows(tmp_path / "summary.csv")
     assert row["stopped_by"] == "time"
     assert int(row["requests"]) == fake.served == 3  # each user's one request, finished and counted
@@ -229,16 +298,20 @@ def test_requests_in_flight_at_the_limit_drain_and_count(tmp_path: Path) -> None
     assert float(row["duration_s"]) >= 2.0  # to the last request's end, drain included
 
 
-@pytest.mark.parametrize(("failure", "kinds"), [
-    ("500", {"http_500"}),
-    ("400", {"http_400"}),
-    ("drop", {"connection"}),
-    ("malformed", {"malformed_sse", "malformed_json"}),  # streaming and non-streaming requests
-])
+@pytest.mark.parametrize(
+    ("failure", "kinds"),
+    [
+        ("500", {"http_500"}),
+        ("400", {"http_400"}),
+        ("drop", {"connection"}),
+        ("malformed", {"malformed_sse", "malformed_json"}),  # streaming and non-streaming requests
+    ],
+)
 def test_errors_are_counted_by_kind(tmp_path: Path, failure: str, kinds: set[str]) -> None:
     with FakeOpenAI(FakeConfig(fail_every=3, failure=failure)) as fake:
-        rc = _sweep(fake, tmp_path, "--users", "2", "--level-requests", "12", "--level-seconds", "120",
-                    "--fail-on-errors")
+        rc = _sweep(
+            fake, tmp_path, "--users", "2", "--level-requests", "12", "--level-seconds", "120", "--fail-on-errors"
+        )
     assert rc == 1  # --fail-on-errors
     (row,) = _rows(tmp_path / "summary.csv")
     assert (int(row["requests"]), int(row["failures"])) == (12, fake.failed) == (12, 4)
@@ -255,6 +328,7 @@ def test_smoke_against_sglang(smollm2_dir: Path, tmp_path: Path) -> None:
     srv = launch_test_server(LOADTEST_PORTS, "loadtest", model_path=smollm2_dir, spec="none")
     try:
         assert main(["--host", srv.base_url, "--smoke", "--out", str(tmp_path)]) == 0
+        check_hostile_battery(srv.base_url, smollm2_dir)
     finally:
         srv.stop()
     rows = _rows(tmp_path / "summary.csv")
@@ -263,3 +337,15 @@ def test_smoke_against_sglang(smollm2_dir: Path, tmp_path: Path) -> None:
         assert int(r["requests"]) > 0 and r["failures"] == "0"
         assert 0 < int(r["output_tokens"]) <= int(r["requests"]) * SMOKE["max_new_tokens"]
         assert float(r["ttft_p50_ms"]) > 0 and float(r["tpot_p50_ms"]) > 0
+
+
+def check_hostile_battery(url: str, model_dir: Path) -> None:
+    """The soak's hostile battery, once, against the real server: each case is answered as it
+    expects (a 4xx; the disconnecting stream a 200), and the server still serves afterwards."""
+    model, notes = soak_model(url, served_model(url), None)  # as a soak finds it
+    assert notes == [] and model.context_len == 8192
+    # What the battery's out-of-vocabulary ids are chosen against: SmolLM2's vocabulary.
+    assert model.vocab_size == json.loads((model_dir / "config.json").read_text())["vocab_size"] == 49152
+    answers = {case.name: send(url, case, timeout=120) for case in battery(model)}
+    assert {n: (a.status, a.outcome) for n, a in answers.items() if a.outcome != a.expected} == {}
+    assert requests.get(f"{url}/health", timeout=60).status_code == 200

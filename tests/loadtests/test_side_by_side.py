@@ -28,10 +28,20 @@ def test_each_level_runs_every_server_in_an_order_that_flips() -> None:
     results = run_passes([A, B], 2, [8, 16], run_level)
     # A B | B A within a pass, and pass 2 starts where pass 1's first level did not: a drift that
     # is slow against a level falls on both servers alike.
-    assert calls == [(0, 8, "none"), (0, 8, "echo"), (0, 16, "echo"), (0, 16, "none"),
-                     (1, 8, "echo"), (1, 8, "none"), (1, 16, "none"), (1, 16, "echo")]
-    assert results == {"none": [["none0:8", "none0:16"], ["none1:8", "none1:16"]],
-                       "echo": [["echo0:8", "echo0:16"], ["echo1:8", "echo1:16"]]}
+    assert calls == [
+        (0, 8, "none"),
+        (0, 8, "echo"),
+        (0, 16, "echo"),
+        (0, 16, "none"),
+        (1, 8, "echo"),
+        (1, 8, "none"),
+        (1, 16, "none"),
+        (1, 16, "echo"),
+    ]
+    assert results == {
+        "none": [["none0:8", "none0:16"], ["none1:8", "none1:16"]],
+        "echo": [["echo0:8", "echo0:16"], ["echo1:8", "echo1:16"]],
+    }
     assert level_order([A], 1, 1) == [A]
 
 
@@ -60,17 +70,29 @@ def test_result_folders() -> None:
 
 
 def _rows(tps: dict[int, float], failures: int = 0) -> dict[int, dict]:
-    return {u: {"tokens_per_s": t, "tpot_p50_ms": 1e3 / t, "ttft_p50_ms": 10.0, "latency_p50_ms": 1.0,
-                "failures": failures, "requests": 10} for u, t in tps.items()}
+    return {
+        u: {
+            "tokens_per_s": t,
+            "tpot_p50_ms": 1e3 / t,
+            "ttft_p50_ms": 10.0,
+            "latency_p50_ms": 1.0,
+            "failures": failures,
+            "requests": 10,
+        }
+        for u, t in tps.items()
+    }
 
 
 def test_pass_ratios_and_their_median() -> None:
-    passes = [{"none": _rows({8: 50.0, 16: 80.0}), "echo": _rows({8: 40.0, 16: 88.0}, failures=1)},
-              {"none": _rows({8: 40.0, 16: 80.0}), "echo": _rows({8: 44.0, 16: 80.0})},
-              {"none": _rows({8: 50.0, 16: 100.0}), "echo": _rows({8: 50.0, 16: 90.0})}]
+    passes = [
+        {"none": _rows({8: 50.0, 16: 80.0}), "echo": _rows({8: 40.0, 16: 88.0}, failures=1)},
+        {"none": _rows({8: 40.0, 16: 80.0}), "echo": _rows({8: 44.0, 16: 80.0})},
+        {"none": _rows({8: 50.0, 16: 100.0}), "echo": _rows({8: 50.0, 16: 90.0})},
+    ]
     lines = passes_markdown(passes, [8, 16]).splitlines()
-    assert lines[0] == ("| users | none tok/s | echo tok/s | echo / none per pass | median | min | "
-                        "none failed | echo failed |")
+    assert lines[0] == (
+        "| users | none tok/s | echo tok/s | echo / none per pass | median | min | none failed | echo failed |"
+    )
     # Ratios are taken within a pass, then their median: not the ratio of the medians.
     assert lines[2] == "| 8 | 50.0 | 44.0 | 0.80x / 1.10x / 1.00x | 1.00x | 0.80x | 0/30 | 1/30 |"
     assert lines[3] == "| 16 | 80.0 | 88.0 | 1.10x / 1.00x / 0.90x | 1.00x | 0.90x | 0/30 | 1/30 |"
@@ -85,9 +107,28 @@ def _summary(path: Path) -> list[dict[str, str]]:
 
 def test_two_servers_two_passes_against_fakes(tmp_path: Path) -> None:
     with FakeOpenAI(FakeConfig()) as fast, FakeOpenAI(FakeConfig(token_delay_s=0.03)) as slow:
-        rc = main(["--host", f"fast={fast.url}", "--host", f"slow={slow.url}", "--repeats", "2",
-                   "--users", "2", "--level-requests", "6", "--level-seconds", "120", "--max-new-tokens", "5",
-                   "--warmup-requests", "2", "--out", str(tmp_path)])
+        rc = main(
+            [
+                "--host",
+                f"fast={fast.url}",
+                "--host",
+                f"slow={slow.url}",
+                "--repeats",
+                "2",
+                "--users",
+                "2",
+                "--level-requests",
+                "6",
+                "--level-seconds",
+                "120",
+                "--max-new-tokens",
+                "5",
+                "--warmup-requests",
+                "2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     assert rc == 0
     for fake in (fast, slow):
         assert fake.served == 2 + 2 * 6 and fake.flushes == 2  # warm-up, then a level per pass
@@ -98,8 +139,11 @@ def test_two_servers_two_passes_against_fakes(tmp_path: Path) -> None:
             assert (tmp_path / f"pass{k}" / name / "loadtest.png").exists()
     # The ratios are the ones the per-pass summaries give; which server wins is timing, not tested here
     # (a loaded CI host once made the fast fake the slower one for a pass).
-    tok_s = {(k, n): float(_summary(tmp_path / f"pass{k}" / n / "summary.csv")[0]["tokens_per_s"])
-             for k in (1, 2) for n in ("fast", "slow")}
+    tok_s = {
+        (k, n): float(_summary(tmp_path / f"pass{k}" / n / "summary.csv")[0]["tokens_per_s"])
+        for k in (1, 2)
+        for n in ("fast", "slow")
+    }
     want = [f"{tok_s[k, 'slow'] / tok_s[k, 'fast']:.2f}x" for k in (1, 2)]
     (line,) = [x for x in (tmp_path / "compare.md").read_text().splitlines() if x.startswith("| 2 |")]
     assert line.split(" | ")[3].split(" / ") == want
