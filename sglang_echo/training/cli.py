@@ -1,12 +1,14 @@
 """``echo-train-drafter``: train a draft model for a target, from data the target writes itself.
 
     echo-train-drafter --kind eagle3 --model DIR --out DIR [--data DIR] [--num-prompts 1280]
+        [--dataset FILE.jsonl [--keep-answers]]
         [--epochs 2] [--ttt-steps 5] [--draft-vocab 8192] [--batch-tokens 4096] [--lr 5e-4]
         [--eagle3-teacher target] [--init-from HEAD]
 
 Stages, each resumable (rerun the same command after an interruption):
   1. self-distillation: the target answers the offline prompt pool (``training.datagen``; through
-     the sglang server by default, ``--gen-backend hf`` for transformers' ``generate``);
+     the sglang server by default, ``--gen-backend hf`` for transformers' ``generate``), or the
+     conversations of ``--dataset`` (``training.dataset``; ``--keep-answers``: their own answers);
   2. feature capture: the target's hidden states for the drafter's layers (``training.features``);
   3. training with the kind's objective (EAGLE-3: training-time test), checkpoints in ``out/checkpoint``;
   4. the final head in ``out/`` in the layout sglang loads, with ``training_report.json``.
@@ -25,12 +27,14 @@ import torch
 
 from sglang_echo.cli_args import (
     DTYPES,
+    CommandError,
     Parser,
     alias,
     at_least,
     between,
     check_device,
     count,
+    existing_file,
     model_dir,
     out_dir,
     positive_int,
@@ -67,6 +71,7 @@ def build_eagle3(target: Path, seqs, args):
 
 
 KINDS = {"eagle3": build_eagle3, "dart": build_dart, "dflash": build_dflash}
+POOL_PROMPTS = 1280  # --num-prompts without --dataset
 
 
 def layers_for(kind: str, target: Path) -> tuple[int, ...]:
@@ -87,12 +92,31 @@ def parser() -> Parser:
     add("--model", type=model_dir, default=None, help="target checkpoint folder (default: prepared SmolLM2, float32)")
     add("--out", type=out_dir, required=True, help="the head's folder (checkpoints, data and report in it)")
     add("--data", type=out_dir, default=None, help="self-distillation folder (default: OUT/data)")
-    add("--num-prompts", type=positive_int, default=1280, help="prompts of the pool the target answers")
+    add(
+        "--num-prompts",
+        type=positive_int,
+        default=None,
+        help=f"prompts of the pool the target answers (default: {POOL_PROMPTS}), or the first conversations of "
+        "--dataset (default: all)",
+    )
+    add(
+        "--dataset",
+        type=existing_file,
+        default=None,
+        help='train on these conversations instead of the pool: JSONL, one {"messages": [{role, content}...]} '
+        "a line (OpenAI chat format), the target's chat template applied",
+    )
+    add(
+        "--keep-answers",
+        action="store_true",
+        help="--dataset: train on the file's assistant turns instead of the target's regenerated last answer",
+    )
     add(
         "--prompt-offset",
         type=count,
         default=0,
-        help="start at this pool prompt (e.g. past the data an --init-from head was trained on)",
+        help="start at this pool prompt or --dataset conversation (e.g. past the data an --init-from head was "
+        "trained on)",
     )
     add("--max-new-tokens", type=positive_int, default=192, help="tokens the target generates per prompt")
     add("--epochs", type=positive, default=2.0)
@@ -185,6 +209,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     check_device(ap, args.device)
+    args.conversations = None
+    if args.keep_answers and args.dataset is None:
+        ap.error("argument --keep-answers: needs --dataset")
+    if args.dataset is not None:
+        from .dataset import DatasetError, read_dataset
+
+        try:
+            conversations = read_dataset(args.dataset, args.keep_answers)
+        except DatasetError as e:
+            ap.error(f"argument --dataset: {e}")
+        end = None if args.num_prompts is None else args.prompt_offset + args.num_prompts
+        args.conversations = conversations[args.prompt_offset : end]
+        if not args.conversations:
+            ap.error(f"argument --prompt-offset: {args.dataset} has {len(conversations)} conversations")
     return run(ap.prog, lambda: _train(args), args.debug)
 
 
@@ -199,17 +237,17 @@ def _train(args) -> None:
         target = prepare(dtype="float32").path
     data = args.data or args.out / "data"
     t0 = time.time()
-    generate(
-        target,
-        data,
-        args.num_prompts,
-        args.max_new_tokens,
-        batch=args.gen_batch,
-        dtype=args.gen_dtype,
-        device=device,
-        backend=args.gen_backend,
-        offset=args.prompt_offset,
-    )
+    gen = dict(batch=args.gen_batch, dtype=args.gen_dtype, device=device, backend=args.gen_backend)
+    if args.conversations is not None:
+        from .dataset import dataset_data
+
+        dataset_data(
+            args.dataset, args.conversations, target, data, args.keep_answers, max_new=args.max_new_tokens, **gen
+        )
+        prompts = len(args.conversations)
+    else:
+        prompts = args.num_prompts or POOL_PROMPTS
+        generate(target, data, prompts, args.max_new_tokens, offset=args.prompt_offset, **gen)
 
     from transformers import AutoModelForCausalLM
 
@@ -220,6 +258,8 @@ def _train(args) -> None:
     del model
 
     seqs = load_sequences(data, layers)
+    if len(seqs) < 2:
+        raise CommandError(f"{data} holds {len(seqs)} sequence: training needs 2 or more (one is held out)")
     g = torch.Generator().manual_seed(args.seed)
     perm = torch.randperm(len(seqs), generator=g).tolist()
     n_eval = max(1, int(len(seqs) * args.eval_fraction))
@@ -249,8 +289,10 @@ def _train(args) -> None:
         ttt_steps=args.ttt_steps,
         draft_vocab=args.draft_vocab,
         train_config=asdict(cfg),
-        prompts=args.num_prompts,
+        prompts=prompts,
         prompt_offset=args.prompt_offset,
+        dataset=str(args.dataset) if args.dataset else None,
+        keep_answers=args.keep_answers,
         init_from=str(args.init_from) if args.init_from else None,
         init_eval_top1_per_step=start_acc,
         device=device,

@@ -30,7 +30,7 @@ from sglang_echo.models.prompts import Prompt
 from sglang_echo.platform.packed_linear import pack_linears
 from sglang_echo.serve.flags import resolve_device
 
-from .prompt_pool import build_pool, prompt_text
+from .prompt_pool import POOL_VERSION, build_pool, prompt_text
 from .shards import write_shard
 
 BACKENDS = ("server", "hf")
@@ -202,9 +202,26 @@ def generate(
         raise ValueError(f"backend {backend!r}: expected one of {BACKENDS}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    check_manifest(out, {"offset": offset, "seed": seed, "max_new": max_new, "shard_size": shard_size})
+    settings = {"offset": offset, "seed": seed, "max_new": max_new, "shard_size": shard_size, "pool": POOL_VERSION}
+    check_manifest(out, settings)
     pool = build_pool(offset + prompts, seed)[offset:]
-    shards = [pool[i : i + shard_size] for i in range(0, len(pool), shard_size)]
+    answer_into(out, pool, model_dir, max_new, batch, shard_size, dtype, device, backend)
+
+
+def answer_into(
+    out: Path,
+    prompts: list[Prompt],
+    model_dir: str | Path,
+    max_new: int,
+    batch: int,
+    shard_size: int,
+    dtype: str,
+    device: str,
+    backend: str,
+) -> None:
+    """The target's answers to ``prompts`` in ``out/shard-<k>.safetensors``, ``shard_size``
+    prompts a shard; shards that exist are skipped (resumable), no backend starts if none is left."""
+    shards = [prompts[i : i + shard_size] for i in range(0, len(prompts), shard_size)]
     todo = [k for k in range(len(shards)) if not (out / f"shard-{k:05d}.safetensors").exists()]
     if not todo:
         return
@@ -213,7 +230,8 @@ def generate(
         if backend == "server"
         else HFAnswers(model_dir, dtype, device, batch)
     )
-    bar = tqdm(total=len(pool), initial=(len(shards) - len(todo)) * shard_size, desc="self-distillation", unit="prompt")
+    done = (len(shards) - len(todo)) * shard_size
+    bar = tqdm(total=len(prompts), initial=done, desc="self-distillation", unit="prompt")
     with target:
         for k, rows in zip(todo, target.answer_shards([shards[k] for k in todo], max_new, bar)):
             write_shard(out / f"shard-{k:05d}.safetensors", rows)

