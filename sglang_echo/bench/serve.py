@@ -232,7 +232,16 @@ def _started_runs(bench: Bench) -> list[Run]:
     ``--interleave`` all at once (ports --port, --port+10, ...)."""
     args, names = bench.args, bench.args.config_names
     if args.interleave:
-        return _side_by_side(bench, [lambda i, n=n: StartedServer(bench, n, args.port + 10 * i) for n in names])
+        servers = [StartedServer(bench, n, args.port + 10 * i) for i, n in enumerate(names)]
+        try:
+            for server in servers:  # from this thread, which outlives them (StartedServer.launch)
+                server.launch()
+        except BaseException:
+            for server in servers:
+                if server.srv is not None:
+                    server.srv.stop()
+            raise
+        return _side_by_side(bench, [lambda i, s=s: s for s in servers])
     runs = []
     for rep in range(args.repeats):
         for name in _in_order(names, rep):

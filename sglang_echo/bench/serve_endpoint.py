@@ -146,10 +146,20 @@ class StartedServer:
         self.static_shape = knobs if self.spec == "eagle3" else None  # sglang's static tree: depth, tokens known
         self.srv: Optional[SGLangServer] = None
 
+    def launch(self) -> None:
+        """Start the server's process without waiting for it. Call it from a thread that outlives
+        the server (the main thread): the process gets SIGTERM when the thread that started it ends
+        (:func:`~sglang_echo.serve.server.die_with_parent`), so :meth:`__enter__` may then run in a
+        short-lived worker thread."""
+        self.srv = SGLangServer(self.opts)
+        self.srv.start()
+
     def __enter__(self) -> Endpoint:
-        self.srv = SGLangServer(self.opts).__enter__()
+        if self.srv is None:
+            self.launch()
         ep = Endpoint(Target(self.name, self.srv.base_url), self.spec, self.static_shape, self.srv)
         try:
+            self.srv.wait_healthy()
             warm_up(self.bench, ep)
         except BaseException:
             self.srv.stop()
