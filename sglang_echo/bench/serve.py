@@ -60,6 +60,7 @@ from .serve_endpoint import (
     max_new_tokens,
     measure,
     running_server,
+    warm_up,
     warmup_level,
 )
 from .serve_run import Report, Run, report_from_json, request_record
@@ -246,6 +247,7 @@ def _started_runs(bench: Bench) -> list[Run]:
     for rep in range(args.repeats):
         for name in _in_order(names, rep):
             with StartedServer(bench, name, args.port) as ep:
+                warm_up(bench, ep)
                 runs += [measure(bench, ep, level, rep) for level in bench.levels]
     return runs
 
@@ -256,6 +258,8 @@ def _side_by_side(bench: Bench, openers: Sequence[Callable[[int], AbstractContex
     runs = []
     with ExitStack() as stack:
         endpoints = _enter_all(stack, [opener(i) for i, opener in enumerate(openers)])
+        for ep in endpoints:  # one at a time: servers warming up together share a CPU host's cores
+            warm_up(bench, ep)
         for rep in range(bench.args.repeats):
             for level in bench.levels:
                 runs += [measure(bench, ep, level, rep) for ep in _in_order(endpoints, rep)]

@@ -111,8 +111,8 @@ def warm_up(bench: Bench, ep: Endpoint) -> None:
 
 
 class StartedServer:
-    """One config's server started by the bench (a context manager yielding its :class:`Endpoint`,
-    warmed up)."""
+    """One config's server started by the bench (a context manager yielding its :class:`Endpoint`
+    once healthy; :func:`warm_up` it before measuring)."""
 
     def __init__(self, bench: Bench, name: str, port: int) -> None:
         self.bench, self.name = bench, name
@@ -160,7 +160,6 @@ class StartedServer:
         ep = Endpoint(Target(self.name, self.srv.base_url), self.spec, self.static_shape, self.srv)
         try:
             self.srv.wait_healthy()
-            warm_up(self.bench, ep)
         except BaseException:
             self.srv.stop()
             raise
@@ -190,10 +189,8 @@ def max_in_flight(bench: Bench) -> int:
 
 @contextlib.contextmanager
 def running_server(bench: Bench, target: Target) -> Iterator[Endpoint]:
-    """A ``--base-url`` server as an :class:`Endpoint`, warmed up like a started one."""
-    ep = Endpoint(target)
-    warm_up(bench, ep)
-    yield ep
+    """A ``--base-url`` server as an :class:`Endpoint` (:func:`warm_up` it before measuring)."""
+    yield Endpoint(target)
 
 
 def measure(bench: Bench, ep: Endpoint, level: Level, rep: int) -> Run:

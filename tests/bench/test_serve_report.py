@@ -232,52 +232,6 @@ def test_json_round_trip_and_old_files(tmp_path):
     assert "Draft utilisation" not in markdown(report_from_json(old))
 
 
-def test_interleave_runs_each_level_config_after_config(monkeypatch):
-    """--interleave: every server is up before the first level, each on its own port, and each
-    level of each pass runs every config back to back, in the pass's alternating order."""
-    from types import SimpleNamespace
-
-    from sglang_echo.bench import serve
-    from sglang_echo.bench.load import Level
-
-    log = []
-
-    class FakeServer:
-        def __init__(self, bench, name, port):
-            self.name = name
-            log.append(("start", name, port))
-
-        def __enter__(self):
-            return SimpleNamespace(name=self.name)
-
-        def __exit__(self, *exc):
-            log.append(("stop", self.name))
-
-    def measure(bench, ep, level, rep):
-        log.append((ep.name, level.concurrency, rep))
-        return Run(ep.name, level.concurrency, level.concurrency, 1.0, level.concurrency, 0, None, repeat=rep)
-
-    monkeypatch.setattr(serve, "StartedServer", FakeServer)
-    monkeypatch.setattr(serve, "measure", measure)
-    args = SimpleNamespace(port=30400, repeats=2, interleave=True, config_names=["none", "echo"])
-    runs = serve._started_runs(SimpleNamespace(args=args, levels=[Level(8), Level(32)]))
-    assert log == [
-        ("start", "none", 30400),
-        ("start", "echo", 30410),
-        ("none", 8, 0),
-        ("echo", 8, 0),
-        ("none", 32, 0),
-        ("echo", 32, 0),
-        ("echo", 8, 1),
-        ("none", 8, 1),
-        ("echo", 32, 1),
-        ("none", 32, 1),
-        ("stop", "echo"),
-        ("stop", "none"),
-    ]
-    assert [(r.config, r.concurrency, r.repeat) for r in runs] == [e for e in log if e[0] not in ("start", "stop")]
-
-
 def test_side_by_side_servers_start_together_and_a_failed_start_stops_the_others():
     """--interleave enters every server at once; where one fails to start, the ones that did are
     stopped and the error is raised."""
