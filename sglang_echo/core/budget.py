@@ -52,6 +52,13 @@ plain (and every ``plain_every``-th drafts, so the verdict can change); where it
 more, steps draft even if the model says not to, at ``K_max(B)`` if the model sees no gain at
 all. A model fitted across loads and workloads can be wrong in ways no single curve shows; the
 served rates cannot, up to noise.
+
+Deferred work is charged to the side that deferred it. A plain step may skip the draft extend
+(the worker's lazy extend) and leave its pairs for the next drafting step to catch up; that
+catch-up (``catch_up_s``) is plain decoding's cost, so it counts against the plain arm of the
+A/B test and is left out of ``t_draft`` and of the drafting step's served rate. Charged to
+drafting, every probe of drafting after a run of plain steps would pay the whole run's extends,
+and the verdict would favour plain decoding by construction.
 """
 
 from __future__ import annotations
@@ -186,12 +193,17 @@ class RealisedRates:
     predicted plain step at each step's size, so that a bucket's sizes compare: in seconds, a
     plain step at 76 requests (compute-bound) commits a third fewer tokens per request per second
     than one at 54 in the same bucket, and a batch shrinking through the bucket drafts only at its
-    smaller sizes (``B < K_max``)."""
+    smaller sizes (``B < K_max``).
+
+    Single steps are noisy (a CPU step's time varies by a third from one to the next), so each arm
+    remembers about its last 20 steps (``decay``), and the served rates give a verdict only where
+    they differ by more than ``margin``: closer than that they cannot tell the arms apart, and the
+    model decides."""
 
     ARMS = ("plain", "draft")
 
-    def __init__(self, decay: float = 0.8, min_samples: int = 3) -> None:
-        self.decay, self.min_samples = decay, min_samples
+    def __init__(self, decay: float = 0.95, min_samples: int = 3, margin: float = 0.05) -> None:
+        self.decay, self.min_samples, self.margin = decay, min_samples, margin
         self._sums: dict[tuple[int, str], list[float]] = {}  # (bucket, arm) -> [w, w tokens/B, w seconds, n]
 
     def add(self, batch_size: int, arm: str, committed: int, seconds: float) -> None:
@@ -201,6 +213,11 @@ class RealisedRates:
         for i, v in enumerate((1.0, committed / batch_size, seconds)):
             s[i] = self.decay * s[i] + v
         s[3] += 1
+
+    def charge(self, batch_size: int, arm: str, seconds: float) -> None:
+        """Time ``arm`` cost at this load outside its own steps (no step, no tokens): plain
+        decoding's deferred draft extends, caught up by a later drafting step."""
+        self._sums.setdefault((half_octave(batch_size), arm), [0.0, 0.0, 0.0, 0])[2] += seconds
 
     def samples(self, batch_size: int, arm: str) -> int:
         s = self._sums.get((half_octave(batch_size), arm))
@@ -212,11 +229,14 @@ class RealisedRates:
         return s[1] / s[2] if s is not None and s[3] >= self.min_samples and s[2] > 0 else None
 
     def verdict(self, batch_size: int) -> Optional[str]:
-        """The arm that committed more tokens per second at this load (None until both are measured)."""
+        """The arm that committed more tokens per second at this load by more than ``margin``
+        (None until both are measured, or while they are that close)."""
         plain, draft = self.rate(batch_size, "plain"), self.rate(batch_size, "draft")
         if plain is None or draft is None:
             return None
-        return "draft" if draft > plain else "plain"
+        if draft > plain * (1 + self.margin):
+            return "draft"
+        return "plain" if plain > draft * (1 + self.margin) else None
 
 
 @dataclass
@@ -288,7 +308,8 @@ class CostModelBudget:
         self._exploring: dict[int, Exploring] = {}  # batch-size bucket -> its exploration schedule
         self._arm: Optional[str] = None  # this step's side of the A/B test
         self._reason: Optional[str] = None  # why this step's side was chosen (one of REASONS)
-        self._pending: deque[tuple[int, float, Optional[str], float]] = deque(maxlen=8)  # (B, drafted, arm, s)
+        # (B, drafted, arm, step seconds, catch-up seconds)
+        self._pending: deque[tuple[int, float, Optional[str], float, float]] = deque(maxlen=8)
 
     # -- the model -----------------------------------------------------------------------------
     def spent(self, allowed: float) -> float:
@@ -389,6 +410,23 @@ class CostModelBudget:
                 hi = mid - 1
         return lo
 
+    def explain(self, batch_size: int) -> str:
+        """The model's and the served rates' view of this load, one line (for a log): expected
+        tokens per second per allowed depth, the served rates per arm, the verdict."""
+        model = " ".join(f"D{d}:{self.expected_rate(batch_size, d):.1f}" for d in range(self.max_depth + 1))
+        served = " ".join(
+            f"{arm}:{'-' if (r := self.rates.rate(batch_size, arm)) is None else f'{r:.3f}'}"
+            f"(n={self.rates.samples(batch_size, arm)})"
+            for arm in RealisedRates.ARMS
+        )
+        gain = self.expected_gain(self.spent(self.max_depth))
+        t_draft, rest = 1e3 * self.draft.predict(batch_size), 1e3 * self.rest.predict(batch_size)
+        return (
+            f"B={batch_size} model tok/s {model} (G(D{self.max_depth})={gain:.2f}, t_draft={t_draft:.1f} ms, "
+            f"rest={rest:.1f} ms); served tokens/request/plain-step {served}; "
+            f"verdict {self.rates.verdict(batch_size)}; next exploration in {self.explore_gap(batch_size)} steps"
+        )
+
     def explore_gap(self, batch_size: int) -> int:
         """Steps at this load (batch-size half-octave) from one exploration to the next."""
         explore = self._exploring.get(half_octave(batch_size))
@@ -413,16 +451,21 @@ class CostModelBudget:
         verify_s: float,
         step_s: float,
         cap: Optional[int] = None,
+        catch_up_s: float = 0.0,
     ) -> Optional[tuple[str, str]]:
         """One decode step: its size, the tokens it verified (sum K_i, roots included), wall
-        seconds by phase (``draft_s``: drafting and control; ``step_s``: the whole step), and
-        the cap it was given (None: not known, ``S`` is not measured).
+        seconds by phase (``draft_s``: drafting and control; ``step_s``: the whole step;
+        ``catch_up_s``: the part of ``draft_s`` that extended pairs earlier plain steps deferred,
+        charged to plain decoding, see the module docstring), and the cap it was given (None: not
+        known, ``S`` is not measured).
 
         Returns the step's decision ``(arm, reason)`` (``arm``: ``draft`` or ``plain``; ``reason``:
         one of :attr:`REASONS`), None for a step no :meth:`cap` decided."""
         decision = None if self._arm is None else (self._arm, self._reason)
         if batch_size <= 0:
             return decision
+        catch_up_s = min(max(catch_up_s, 0.0), draft_s)
+        draft_s, step_s = draft_s - catch_up_s, step_s - catch_up_s
         self.verify.add(target_tokens, verify_s)
         drafted = max(verified_tokens - batch_size, 0) / batch_size
         if cap is not None and cap > batch_size:
@@ -435,7 +478,7 @@ class CostModelBudget:
             self.rest.add(batch_size, max(step_s - verify_s - draft_s, 0.0))
         else:  # no draft depth: drafting was setup only, part of the step's fixed rest
             self.rest.add(batch_size, max(step_s - verify_s, 0.0))
-        self._pending.append((batch_size, drafted, self._arm, step_s))
+        self._pending.append((batch_size, drafted, self._arm, step_s, catch_up_s))
         self._arm = self._reason = None
         return decision
 
@@ -443,11 +486,13 @@ class CostModelBudget:
         """Accepted drafts per request of the oldest step not yet matched (bonus token excluded)."""
         if not self._pending:
             return
-        batch_size, drafted, arm, step_s = self._pending.popleft()
+        batch_size, drafted, arm, step_s, catch_up_s = self._pending.popleft()
         if batch_size != len(accepted_drafts):
             return  # not the batch that step drafted for: nothing to learn from it
         plain_s = self.step_seconds(batch_size, 0)  # the unit that makes the bucket's sizes compare
         if arm is not None and plain_s > 0:
             self.rates.add(batch_size, arm, batch_size + sum(accepted_drafts), step_s / plain_s)
+            if catch_up_s > 0:
+                self.rates.charge(batch_size, "plain", catch_up_s / plain_s)
         if drafted > 0:
             self.gain.add(drafted, sum(accepted_drafts) / batch_size)

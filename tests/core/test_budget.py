@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sglang_echo.core.budget import CostCurve, CostModelBudget, LineFit, isotonic
+from sglang_echo.core.budget import CostCurve, CostModelBudget, LineFit, RealisedRates, isotonic
 from sglang_echo.core.factory import PolicyConfig, make_policy
 from sglang_echo.core.policy import build_trees
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
@@ -456,3 +456,68 @@ def test_served_rates_compare_the_sizes_of_a_bucket_fairly():
     assert budget.rates.rate(54, "draft") == pytest.approx((59 / 54) / (0.67 / 0.54), rel=0.02)
     assert budget.rates.rate(76, "plain") == pytest.approx(1.0, rel=0.02)
     assert budget.rates.verdict(54) == budget.rates.verdict(76) == "plain"
+
+
+def _serve_with_lazy_extend(
+    budget: CostModelBudget, steps: int, *, report_catch_up: bool, slow_steps: int
+) -> list[bool]:
+    """B = 5 requests; a plain step takes 30 ms and defers its draft extend, a drafting step
+    (depth 2, 0.8 accepted per request) takes 50 ms (90 ms during the first ``slow_steps``: a
+    phase where drafting does not pay) plus 4 ms per plain step since the last drafting one, the
+    catch-up of the extends they deferred. After that phase drafting pays: 1.8 tokens per request
+    in 50 ms against 1 in 34 ms once plain decoding's extends are counted. Returns which steps drafted."""
+    B, deferred, drafted_steps = 5, 0, []
+    for step in range(steps):
+        cap = budget.cap(B)
+        drafting = cap > B
+        catch_up = 0.004 * deferred if drafting else 0.0
+        deferred = 0 if drafting else deferred + 1
+        own = 0.090 if step < slow_steps else 0.050
+        budget.observe_step(
+            batch_size=B,
+            target_tokens=3 * B if drafting else B,
+            verified_tokens=3 * B if drafting else B,
+            draft_forwards=2 if drafting else 0,
+            draft_s=own - 0.038 + catch_up if drafting else 0.0,
+            verify_s=0.036 if drafting else 0.028,
+            step_s=(own + catch_up) if drafting else 0.030,
+            cap=cap,
+            catch_up_s=catch_up if report_catch_up else 0.0,
+        )
+        budget.observe_accept([1, 1, 1, 1, 0] if drafting else [0] * B)
+        drafted_steps.append(drafting)
+    return drafted_steps
+
+
+def test_deferred_extends_are_charged_to_plain_decoding():
+    """With lazy extend a drafting step after a plain run catches up the run's draft extends.
+    After a phase where drafting did not pay, charged to drafting, every probe and exploration of
+    drafting pays the plain run's debt and the steps stay plain; charged to plain decoding, where
+    it belongs, the steps draft again once drafting pays."""
+
+    def budget() -> CostModelBudget:
+        return CostModelBudget(k_max=40, max_depth=2, warmup=4, explore_every=32, plain_every=16)
+
+    charged, naive = budget(), budget()
+    assert sum(_serve_with_lazy_extend(naive, 1200, report_catch_up=False, slow_steps=300)[-200:]) <= 20
+    assert naive.rates.verdict(5) == "plain"
+    assert sum(_serve_with_lazy_extend(charged, 1200, report_catch_up=True, slow_steps=300)[-200:]) >= 160
+    assert charged.rates.verdict(5) == "draft"
+
+
+def test_served_rates_within_their_noise_leave_the_choice_to_the_model():
+    """The served A/B test overrules the model only where the arms differ by more than 5%."""
+    rates = RealisedRates()
+    for _ in range(5):
+        rates.add(4, "plain", 4, 1.0)
+        rates.add(4, "draft", 4, 1.0 / 1.03)  # 3% ahead: noise
+    assert rates.verdict(4) is None
+    rates = RealisedRates()
+    for _ in range(5):
+        rates.add(4, "plain", 4, 1.0)
+        rates.add(4, "draft", 4, 1.0 / 1.10)
+    assert rates.verdict(4) == "draft"
+    rates.charge(4, "draft", 10.0)  # drafting's rate falls far below plain decoding's
+    assert rates.verdict(4) == "plain"
+    budget = CostModelBudget(k_max=16, max_depth=2)
+    assert "verdict" in budget.explain(4) and "D2:" in budget.explain(4)
