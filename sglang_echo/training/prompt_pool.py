@@ -11,7 +11,7 @@ hash, so alike on every machine and for every kind: :func:`build_pool` never yie
 a held-out group and :func:`dev_pool` yields only those, any number per kind. A dev prompt thus
 differs from every training prompt in its main content, not just its wording (a side detail,
 such as a second subject or a distractor document, may still be shared). ``python -m
-sglang_echo.training.prompt_pool --out DIR`` writes the dev split as ``DIR/<kind>_dev.jsonl`` in
+sglang_echo.training.pool_cli --out DIR`` writes the dev split as ``DIR/<kind>_dev.jsonl`` in
 the format of `prompts/`: ``SGLANG_ECHO_PROMPTS=DIR`` makes the evaluation tools' ``chat``,
 ``math`` and ``summarize`` sets these (other kinds are read with ``models.prompts.read_jsonl``).
 
@@ -123,18 +123,3 @@ def write_dev_split(out: str | Path, per_kind: int, seed: int = 0) -> list[Path]
         path.write_text("\n".join(rows) + "\n", encoding="utf-8")
         paths.append(path)
     return paths
-
-
-def main(argv: list[str] | None = None) -> int:
-    from sglang_echo.cli_args import Parser, out_dir, positive_int, run
-
-    ap = Parser(prog="python -m sglang_echo.training.prompt_pool", description="Write the pool's dev split per kind.")
-    ap.add_argument("--out", type=out_dir, required=True, help="folder for <kind>_dev.jsonl")
-    ap.add_argument("--per-kind", type=positive_int, default=64, help="dev prompts of each kind")
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args(argv)
-    return run(ap.prog, lambda: print("\n".join(map(str, write_dev_split(a.out, a.per_kind, a.seed)))), a.debug)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

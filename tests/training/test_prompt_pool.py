@@ -11,6 +11,7 @@ import pytest
 
 from sglang_echo.models.prompts import load_humaneval, read_jsonl
 from sglang_echo.training import pool_kinds
+from sglang_echo.training.pool_cli import main
 from sglang_echo.training.pool_facts import invent
 from sglang_echo.training.pool_sentences import LANGUAGES, PARALLEL, TARGET_LANGUAGES
 from sglang_echo.training.prompt_pool import (
@@ -19,7 +20,6 @@ from sglang_echo.training.prompt_pool import (
     build_pool,
     dev_pool,
     is_dev,
-    main,
     prompt_text,
 )
 
