@@ -279,8 +279,12 @@ class CostModelBudget:
         plain_every: int = 16,
         decay: float = 0.98,
         free_share: float = 0.02,
+        max_drafts: Optional[int] = None,
     ) -> None:
-        """``k_max``: the ceiling of every step's cap, fixed or growing with the batch (:class:`KMax`)."""
+        """``k_max``: the ceiling of every step's cap, fixed or growing with the batch (:class:`KMax`);
+        ``max_depth``: the deepest tree (draft forwards per step); ``max_drafts``: the most drafts a
+        request's tree can hold (the allowances ``D`` the model weighs; default ``max_depth``, a
+        chain's), e.g. ``w_def * max_depth + w_max`` for Alg. 1's trees."""
         ceiling = k_max if isinstance(k_max, KMax) else None
         if ceiling is None and (isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1):
             raise ValueError(f"need k_max >= 1, got k_max={k_max}")
@@ -292,6 +296,7 @@ class CostModelBudget:
                 f"plain_every={plain_every}"
             )
         self.k_max, self.max_depth = ceiling or KMax(k_max), max_depth
+        self.max_drafts = max(max_depth, max_drafts or 0)
         self.padded_width = padded_width  # None: ragged verify (the target computes sum K_i tokens)
         self.warmup, self.explore_every, self.plain_every, self.decay = warmup, explore_every, plain_every, decay
         self.explore_backoff = explore_backoff
@@ -353,7 +358,7 @@ class CostModelBudget:
 
     def best_depth(self, batch_size: int) -> int:
         """D*: the tokens per request to allow with the highest expected tokens per second."""
-        rates = [self.expected_rate(batch_size, d) for d in range(self.max_depth + 1)]
+        rates = [self.expected_rate(batch_size, d) for d in range(self.max_drafts + 1)]
         return max(range(len(rates)), key=lambda d: (rates[d], -d))  # ties: the shallower
 
     # -- the worker's calls ----------------------------------------------------------------------
@@ -413,16 +418,16 @@ class CostModelBudget:
     def explain(self, batch_size: int) -> str:
         """The model's and the served rates' view of this load, one line (for a log): expected
         tokens per second per allowed depth, the served rates per arm, the verdict."""
-        model = " ".join(f"D{d}:{self.expected_rate(batch_size, d):.1f}" for d in range(self.max_depth + 1))
+        model = " ".join(f"D{d}:{self.expected_rate(batch_size, d):.1f}" for d in range(self.max_drafts + 1))
         served = " ".join(
             f"{arm}:{'-' if (r := self.rates.rate(batch_size, arm)) is None else f'{r:.3f}'}"
             f"(n={self.rates.samples(batch_size, arm)})"
             for arm in RealisedRates.ARMS
         )
-        gain = self.expected_gain(self.spent(self.max_depth))
+        gain = self.expected_gain(self.spent(self.max_drafts))
         t_draft, rest = 1e3 * self.draft.predict(batch_size), 1e3 * self.rest.predict(batch_size)
         return (
-            f"B={batch_size} model tok/s {model} (G(D{self.max_depth})={gain:.2f}, t_draft={t_draft:.1f} ms, "
+            f"B={batch_size} model tok/s {model} (G(D{self.max_drafts})={gain:.2f}, t_draft={t_draft:.1f} ms, "
             f"rest={rest:.1f} ms); served tokens/request/plain-step {served}; "
             f"verdict {self.rates.verdict(batch_size)}; next exploration in {self.explore_gap(batch_size)} steps"
         )

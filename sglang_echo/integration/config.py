@@ -461,7 +461,13 @@ def make_step_budget(cfg: EchoConfig, policy, padded_width: Optional[int], kmax:
     from sglang_echo.core.budget import CostModelBudget
 
     ceiling = kmax or KMax(cfg.k_max or CPU_DEFAULT.flat)
-    return CostModelBudget(ceiling, policy.max_depth, padded_width=padded_width, explore_backoff=cfg.explore_backoff)
+    return CostModelBudget(
+        ceiling,
+        policy.max_depth,
+        padded_width=padded_width,
+        explore_backoff=cfg.explore_backoff,
+        max_drafts=cfg.resolved_width() - 1,  # the widest tree the policy builds, its root excluded
+    )
 
 
 def check_consistent(cfg: EchoConfig, steps: int, topk: int, num_draft_tokens: int) -> None:

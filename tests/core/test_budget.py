@@ -521,3 +521,30 @@ def test_served_rates_within_their_noise_leave_the_choice_to_the_model():
     assert rates.verdict(4) == "plain"
     budget = CostModelBudget(k_max=16, max_depth=2)
     assert "verdict" in budget.explain(4) and "D2:" in budget.explain(4)
+
+
+def test_the_model_weighs_every_allowance_the_widest_tree_can_spend():
+    """Alg. 1's tree at depth 4 holds up to w_def * 4 + w_max = 6 drafts per request: with a flat
+    verify cost and acceptance still growing past 4 drafts, the model allows all 6 (a chain's
+    budget, max_drafts = max_depth, stops at 4)."""
+
+    def trained(max_drafts):
+        budget = CostModelBudget(k_max=640, max_depth=4, warmup=0, explore_every=1000, max_drafts=max_drafts)
+        B = 10
+        for drafted, accepting in ((2, 4), (4, 6), (6, 9)):  # accepting: requests that accept a draft
+            for _ in range(8):
+                budget.observe_step(
+                    batch_size=B,
+                    target_tokens=B * (1 + drafted),
+                    verified_tokens=B * (1 + drafted),
+                    draft_forwards=4,
+                    draft_s=0.004,
+                    verify_s=0.03,
+                    step_s=0.035,
+                    cap=B * (1 + drafted),
+                )
+                budget.observe_accept([1] * accepting + [0] * (B - accepting))
+        return budget
+
+    assert trained(6).best_depth(10) == 6
+    assert trained(None).best_depth(10) == 4
