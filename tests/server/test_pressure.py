@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from sglang_echo.bench.level_metrics import parse_page
 from sglang_echo.models import prompts
 from sglang_echo.serve.client import Generation, generate_many
 from sglang_echo.serve.server import SGLangServer
@@ -79,7 +80,7 @@ def _run(srv: SGLangServer, prompt_ids: list[list[int]]) -> list[Generation]:
 def _metric(srv: SGLangServer, name: str) -> float:
     """The sum of sglang's series ``name`` over its labels."""
     page = requests.get(srv.url("/metrics"), timeout=30).text
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", page, re.M))
+    return sum(s.value for s in parse_page(page) if s.name == name)
 
 
 def _hang_up(srv: SGLangServer, ids: list[int]) -> None:
