@@ -37,6 +37,8 @@ from typing import Optional
 import torch
 
 from ..cli_args import CommandError, prompt_counts, run
+from ..models.prompts import load
+from ..models.prompts import set_name as label
 from ..platform.packed_linear import pack_linears
 from ..serve.flags import resolve_device
 from .acceptance_args import build_policy, gating_calibration, parse_args, shipped_draft
@@ -188,8 +190,6 @@ def build_drafter(
 
 
 def load_prompt_ids(name: str, limit: int, tokenizer, max_prompt_len: Optional[int]) -> list[torch.Tensor]:
-    from ..models.prompts import load
-
     out = []
     for p in load(name, limit):
         ids = tokenizer(p.as_text(tokenizer), add_special_tokens=not p.is_chat)["input_ids"]
@@ -236,7 +236,7 @@ def _measure(args: argparse.Namespace, argv: list[str] | None) -> int:
     eos = None if args.ignore_eos else tokenizer.eos_token_id
 
     counts = prompt_counts(args.prompts, args.per_set, args.num_prompts)
-    sets = {n: load_prompt_ids(n, k, tokenizer, args.max_prompt_len) for n, k in zip(args.prompts, counts)}
+    sets = {label(n): load_prompt_ids(n, k, tokenizer, args.max_prompt_len) for n, k in zip(args.prompts, counts)}
     batches = {n: [ids[i : i + args.batch] for i in range(0, len(ids), args.batch)] for n, ids in sets.items()}
     # Warm-up (allocator, kernels, lazy inits) so the first timed row is not penalised.
     first = next((b for bs in batches.values() for b in bs), None)

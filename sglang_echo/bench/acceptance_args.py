@@ -28,12 +28,21 @@ from ..cli_args import (
 from ..core.baselines import Chain
 from ..core.factory import POLICIES, PolicyConfig, make_policy
 from ..core.policy import TreePolicy
-from ..models.prompts import DATASETS
+from ..models.prompts import DATASETS, is_file_set
 
 DRAFTERS = ("eagle3", "ngram", "dart", "dflash")
 # chainN (a chain of depth N), dart-tree (DART's static tree), and every core.factory policy.
 policy_names = name_list((*POLICIES, "dart-tree"), (r"chain-?\d+",), what="policy")
-prompt_sets = name_list(DATASETS, what="prompt set")
+_set_names = name_list(DATASETS, (r".+\.jsonl",), what="prompt set")
+
+
+def prompt_sets(text: str) -> list[str]:
+    """Names of DATASETS or paths of JSONL files in the format of `prompts/`, which must exist."""
+    names = _set_names(text)
+    for n in names:
+        if is_file_set(n):
+            existing_file(n)
+    return names
 
 
 def _calibration(text: str) -> str:
@@ -62,7 +71,12 @@ def parser(description: str = "") -> Parser:
     )
     add("--no-ngram", action="store_true", help="DART without n-gram pruning (the ablation)")
     add("--policies", type=policy_names, default="chain6,static-tree,echo", help="comma-separated policies")
-    add("--prompts", type=prompt_sets, default="humaneval,chat", help="comma-separated prompt sets (models/prompts.py)")
+    add(
+        "--prompts",
+        type=prompt_sets,
+        default="humaneval,chat",
+        help="comma-separated prompt sets (models/prompts.py) or .jsonl paths",
+    )
     add_prompt_counts(ap, per_set=20)
     add("--max-new-tokens", type=positive_int, default=128, help="generated tokens per request")
     add("--batch", type=positive_int, default=8, help="requests decoded together")

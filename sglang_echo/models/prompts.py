@@ -1,4 +1,6 @@
-"""Dev prompt sets: the hand-written JSONL files in `<repo>/prompts/` plus HumanEval.
+"""Dev prompt sets: the hand-written JSONL files in `<repo>/prompts/` plus HumanEval, or any
+JSONL file of that format named by its path (e.g. the training pool's dev split per kind, written
+by ``python -m sglang_echo.training.pool_cli``).
 
 Each JSONL line is {"prompt": str} (raw completion) or {"messages": [{"role", "content"}...]}
 (chat), with optional extra keys kept as metadata (e.g. "answer" for math).
@@ -102,16 +104,26 @@ def load_humaneval() -> list[Prompt]:
     ]
 
 
+def is_file_set(name: str) -> bool:
+    """Whether a prompt-set name is a JSONL file's path rather than one of DATASETS."""
+    return name.endswith(".jsonl")
+
+
+def set_name(name: str) -> str:
+    """The dataset a set's prompts are labelled with: the name, or a file's stem less ``_dev``."""
+    return Path(name).stem.removesuffix("_dev") if is_file_set(name) else name
+
+
 def load(name: str, limit: int | None = None) -> list[Prompt]:
-    """Load a prompt set by name (see DATASETS), optionally only the first `limit`."""
+    """Load a prompt set by name (see DATASETS) or JSONL path, optionally only the first `limit`."""
     if name == "humaneval":
         items = load_humaneval()
-    elif name in JSONL_SETS:
-        path = prompts_dir() / JSONL_SETS[name]
+    elif name in JSONL_SETS or is_file_set(name):
+        path = Path(name) if is_file_set(name) else prompts_dir() / JSONL_SETS[name]
         with open(path, encoding="utf-8") as fh:
-            items = read_jsonl(fh, name)
+            items = read_jsonl(fh, set_name(name))
     else:
-        raise KeyError(f"unknown prompt set {name!r}; known: {DATASETS}")
+        raise KeyError(f"unknown prompt set {name!r}; known: {DATASETS} or a .jsonl file")
     return items[:limit] if limit is not None else items
 
 

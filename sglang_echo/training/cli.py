@@ -13,6 +13,10 @@ Stages, each resumable (rerun the same command after an interruption):
   3. training with the kind's objective (EAGLE-3: training-time test), checkpoints in ``out/checkpoint``;
   4. the final head in ``out/`` in the layout sglang loads, with ``training_report.json``.
 
+The report's learning curve: top-1 per unrolled step on the prompt pool's dev split (``--dev-per-kind``
+prompts of every kind, answered by the target into ``DATA/dev/<kind>``, never trained on), before
+the first step and every ``--probe-every`` steps, against the training tokens seen.
+
 Kinds register in ``KINDS``; DART and DFlash slot in with their own objective.
 """
 
@@ -44,7 +48,7 @@ from sglang_echo.cli_args import device as device_arg
 from sglang_echo.platform.packed_linear import pack_linears
 from sglang_echo.serve.flags import resolve_device
 
-from .datagen import BACKENDS, generate
+from .datagen import BACKENDS, generate, generate_dev
 from .features import capture_dir, load_sequences
 from .trainer import PRECISIONS, TrainConfig, evaluate, resolve_precision, train
 
@@ -72,6 +76,7 @@ def build_eagle3(target: Path, seqs, args):
 
 KINDS = {"eagle3": build_eagle3, "dart": build_dart, "dflash": build_dflash}
 POOL_PROMPTS = 1280  # --num-prompts without --dataset
+DEV_PER_KIND = 16  # --dev-per-kind without --dataset
 
 
 def layers_for(kind: str, target: Path) -> tuple[int, ...]:
@@ -168,6 +173,14 @@ def parser() -> Parser:
         help="held-out share of the sequences",
     )
     add("--save-every", type=positive_int, default=100, help="checkpoint every this many steps")
+    add(
+        "--dev-per-kind",
+        type=count,
+        default=None,
+        help=f"dev-split prompts of each pool kind for the learning curve (0: none; default: {DEV_PER_KIND}, "
+        "or 0 with --dataset)",
+    )
+    add("--probe-every", type=positive_int, default=None, help="learning-curve point every this many steps")
     add("--seed", type=int, default=0)
     add(
         "--device",
@@ -210,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     check_device(ap, args.device)
     args.conversations = None
+    if args.dev_per_kind is None:
+        args.dev_per_kind = 0 if args.dataset is not None else DEV_PER_KIND
     if args.keep_answers and args.dataset is None:
         ap.error("argument --keep-answers: needs --dataset")
     if args.dataset is not None:
@@ -248,13 +263,15 @@ def _train(args) -> None:
     else:
         prompts = args.num_prompts or POOL_PROMPTS
         generate(target, data, prompts, args.max_new_tokens, offset=args.prompt_offset, **gen)
+    dev = generate_dev(target, data / "dev", args.dev_per_kind, args.max_new_tokens, **gen) if args.dev_per_kind else {}
 
     from transformers import AutoModelForCausalLM
 
     layers = layers_for(args.kind, target)
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval().to(device)
     pack_linears(model)
-    capture_dir(model, data, layers)
+    for folder in (data, *dev.values()):
+        capture_dir(model, folder, layers)
     del model
 
     seqs = load_sequences(data, layers)
@@ -280,7 +297,32 @@ def _train(args) -> None:
             round(a, 4) for a in evaluate(model, loss_fn, eval_seqs, cfg.batch_tokens, device, precision).tolist()
         ]
         print(f"[train] --init-from head, held-out top-1 per step: {start_acc}")
-    report = train(model, loss_fn, save_fn, train_seqs, eval_seqs, cfg, args.out, device=device, precision=precision)
+    dev_sets = {kind: load_sequences(folder, layers) for kind, folder in dev.items()}
+
+    def dev_top1() -> dict:
+        """Top-1 per unrolled step on each kind's dev split, and the mean over the kinds."""
+        per_kind = {
+            kind: evaluate(model, loss_fn, seqs, cfg.batch_tokens, device, precision) for kind, seqs in dev_sets.items()
+        }
+        mean = torch.stack(list(per_kind.values())).mean(0)
+        return {
+            "dev_top1_mean": [round(a, 4) for a in mean.tolist()],
+            "dev_top1": {kind: [round(a, 4) for a in acc.tolist()] for kind, acc in per_kind.items()},
+        }
+
+    report = train(
+        model,
+        loss_fn,
+        save_fn,
+        train_seqs,
+        eval_seqs,
+        cfg,
+        args.out,
+        device=device,
+        precision=precision,
+        probe=dev_top1 if dev_sets else None,
+        probe_every=args.probe_every or cfg.save_every,
+    )
     model.save(args.out, dtype=torch.bfloat16)
     report.update(
         kind=args.kind,
@@ -295,6 +337,7 @@ def _train(args) -> None:
         keep_answers=args.keep_answers,
         init_from=str(args.init_from) if args.init_from else None,
         init_eval_top1_per_step=start_acc,
+        dev_per_kind=args.dev_per_kind,
         device=device,
         precision=precision,
         gen_dtype=args.gen_dtype,

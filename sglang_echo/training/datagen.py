@@ -30,7 +30,8 @@ from sglang_echo.models.prompts import Prompt
 from sglang_echo.platform.packed_linear import pack_linears
 from sglang_echo.serve.flags import resolve_device
 
-from .prompt_pool import POOL_VERSION, build_pool, prompt_text
+from .pool_kinds import KINDS
+from .prompt_pool import POOL_VERSION, build_pool, dev_pool, prompt_text
 from .shards import write_shard
 
 BACKENDS = ("server", "hf")
@@ -221,21 +222,63 @@ def answer_into(
 ) -> None:
     """The target's answers to ``prompts`` in ``out/shard-<k>.safetensors``, ``shard_size``
     prompts a shard; shards that exist are skipped (resumable), no backend starts if none is left."""
-    shards = [prompts[i : i + shard_size] for i in range(0, len(prompts), shard_size)]
-    todo = [k for k in range(len(shards)) if not (out / f"shard-{k:05d}.safetensors").exists()]
+    answer_groups({Path(out): prompts}, model_dir, max_new, batch, shard_size, dtype, device, backend)
+
+
+def answer_groups(
+    groups: dict[Path, list[Prompt]],
+    model_dir: str | Path,
+    max_new: int,
+    batch: int,
+    shard_size: int,
+    dtype: str,
+    device: str,
+    backend: str,
+) -> None:
+    """:func:`answer_into` for several folders (each with its prompts) through one backend."""
+    todo: list[tuple[Path, list[Prompt]]] = []  # (shard path, its prompts) of every missing shard
+    for out, prompts in groups.items():
+        out.mkdir(parents=True, exist_ok=True)
+        for k in range(0, len(prompts), shard_size):
+            path = out / f"shard-{k // shard_size:05d}.safetensors"
+            if not path.exists():
+                todo.append((path, prompts[k : k + shard_size]))
     if not todo:
         return
+    log_dir = next(iter(groups))
     target = (
-        ServerAnswers(model_dir, dtype, device, max_new, batch, out)
+        ServerAnswers(model_dir, dtype, device, max_new, batch, log_dir)
         if backend == "server"
         else HFAnswers(model_dir, dtype, device, batch)
     )
-    done = (len(shards) - len(todo)) * shard_size
-    bar = tqdm(total=len(prompts), initial=done, desc="self-distillation", unit="prompt")
+    total = sum(len(p) for p in groups.values())
+    bar = tqdm(total=total, initial=total - sum(len(p) for _, p in todo), desc="self-distillation", unit="prompt")
     with target:
-        for k, rows in zip(todo, target.answer_shards([shards[k] for k in todo], max_new, bar)):
-            write_shard(out / f"shard-{k:05d}.safetensors", rows)
+        for (path, _), rows in zip(todo, target.answer_shards([p for _, p in todo], max_new, bar)):
+            write_shard(path, rows)
     bar.close()
+
+
+def generate_dev(
+    model_dir: str | Path,
+    out: str | Path,
+    per_kind: int,
+    max_new: int = 192,
+    batch: int = 32,
+    seed: int = 0,
+    dtype: str = "float32",
+    device: str = "cpu",
+    backend: str = "server",
+) -> dict[str, Path]:
+    """The target's answers to ``per_kind`` dev-split prompts of every pool kind (never trained
+    on: :func:`~.prompt_pool.dev_pool`), one folder ``out/<kind>`` each (resumable); returns them."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"split": "dev", "per_kind": per_kind, "seed": seed, "max_new": max_new, "pool": POOL_VERSION}
+    check_manifest(out, settings)
+    groups = {out / kind: dev_pool(kind, per_kind, seed) for kind in KINDS}
+    answer_groups(groups, model_dir, max_new, batch, per_kind, dtype, device, backend)
+    return {d.name: d for d in groups}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -55,6 +55,24 @@ def test_ngram(tmp_path, tiny_llama_dir):
     assert "no shipped calibration" in data["calibration"]  # none ships for a tiny random target
 
 
+def test_a_jsonl_file_is_a_prompt_set(tmp_path, tiny_llama_dir, capsys):
+    """A ``.jsonl`` path in ``--prompts`` (the pool's dev split, say) is read as a set labelled
+    by its stem less ``_dev``; a path that does not exist is refused before the target loads."""
+    pytest.importorskip("sglang_echo.drafters.ngram")
+    rows = [{"messages": [{"role": "user", "content": f"Say {w} three times."}]} for w in ("red", "blue")]
+    (tmp_path / "qa_dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    small = [a if a != "chat,humaneval" else f"{tmp_path / 'qa_dev.jsonl'},chat" for a in SMALL]
+    args = ["--model", str(tiny_llama_dir), "--drafter", "ngram", "--policies", "echo", *small]
+    acceptance.main([*args, "--out", str(tmp_path / "res")])
+    rows = json.loads((tmp_path / "res.json").read_text())["rows"]
+    assert [(r["prompts"], r["policy"], r["requests"]) for r in rows] == [
+        (s, p, 2) for s in ("qa", "chat") for p in ("ar", "echo")
+    ]
+    with pytest.raises(SystemExit):
+        acceptance.main(["--model", str(tiny_llama_dir), "--drafter", "ngram", "--prompts", "missing_dev.jsonl"])
+    assert "missing_dev.jsonl" in capsys.readouterr().err
+
+
 def test_echo_gates_with_the_calibration_it_is_given(tmp_path, tiny_llama_dir, capsys):
     """``--calibration FILE`` made for this target and drafter sets ECHO's gates and is recorded;
     ``defaults`` is the paper's gates; a file made for another target is refused."""

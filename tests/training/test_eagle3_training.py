@@ -177,6 +177,12 @@ def test_cli_trains_a_head_sglang_can_load(tmp_path, smollm2_dir, capsys):
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
     report = json.loads((out / "training_report.json").read_text())
     assert report["captured_layers"] == [2, 4, 5] and report["steps"] >= 1
+    # The learning curve: the dev split of every pool kind, before the first step and after the last.
+    from sglang_echo.training.pool_kinds import KINDS
+
+    curve = report["curve"]
+    assert [c["step"] for c in (curve[0], curve[-1])] == [0, report["steps"]] and curve[-1]["tokens"] > 0
+    assert set(curve[-1]["dev_top1"]) == set(KINDS) and len(curve[-1]["dev_top1_mean"]) == 2
     embed = torch.randn(cfg["vocab_size"], cfg["hidden_size"])
     head = Eagle3Head.load(out, embed)
     assert head.t2d.sum() == 512 and bool((head.to_target(torch.arange(512)) < cfg["vocab_size"]).all())
