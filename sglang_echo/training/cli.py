@@ -138,6 +138,12 @@ def parser() -> Parser:
         default=None,
         help="go on training this head of --kind (same target, geometry and draft vocabulary) instead of a fresh one",
     )
+    add(
+        "--revocab",
+        action="store_true",
+        help="--init-from: pick the draft vocabulary afresh from this run's answers (shared tokens keep their "
+        "LM-head rows, new ones start from the target's)",
+    )
     add("--dart-depth", type=at_least(2), default=8, help="DART: shifted logits per forward (d; d-1 mask positions)")
     add("--dart-gamma", type=fraction, default=0.6, help="DART: KL weight of output k is gamma^(k-1)")
     add(
@@ -227,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         args.dev_per_kind = 0 if args.dataset is not None else DEV_PER_KIND
     if args.keep_answers and args.dataset is None:
         ap.error("argument --keep-answers: needs --dataset")
+    if args.revocab and (args.init_from is None or args.kind == "dflash"):
+        ap.error("argument --revocab: needs --init-from of an eagle3 or dart head")
     if args.dataset is not None:
         from .dataset import DatasetError, read_dataset
 
@@ -336,6 +344,7 @@ def _train(args) -> None:
         dataset=str(args.dataset) if args.dataset else None,
         keep_answers=args.keep_answers,
         init_from=str(args.init_from) if args.init_from else None,
+        revocab=args.revocab,
         init_eval_top1_per_step=start_acc,
         dev_per_kind=args.dev_per_kind,
         device=device,

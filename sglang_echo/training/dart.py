@@ -120,7 +120,7 @@ def dart_loss(head: DartHead, batch: Batch, gamma: float = GAMMA, teacher=None) 
         loss = loss + gamma ** (k - 1) * term
         with torch.no_grad():
             correct[k - 1] = ((logp.argmax(-1) == target) & in_vocab).sum().float().cpu()
-            counted[k - 1] = in_vocab.sum().float().cpu()
+            counted[k - 1] = rows.sum().float().cpu()  # a label outside the draft vocabulary is a miss
     return loss, correct, counted
 
 

@@ -66,17 +66,38 @@ def start_head(
     ``cls`` is :class:`Eagle3Head` or a subclass (DART's); ``weights`` the target's embedding, LM
     head and final norm."""
     embed, lm_head, norm = weights
+    earlier = None
     if getattr(args, "init_from", None) is not None:
-        head = require_geometry(
+        earlier = require_geometry(
             cls.load(args.init_from, embed, target_cfg["num_hidden_layers"]), head_cfg, args.init_from
         )
-        return head, head.t2d.nonzero().flatten()
+        if not getattr(args, "revocab", False):
+            return earlier, earlier.t2d.nonzero().flatten()
     special = tuple(t for t in (target_cfg.get("bos_token_id"), target_cfg.get("eos_token_id")) if t is not None)
     ids = draft_vocab(seqs, args.draft_vocab, target_cfg["vocab_size"], special)
     torch.manual_seed(args.seed)
     head = cls(head_cfg, embed)
     init_head(head, ids, lm_head, norm)
+    if earlier is not None:
+        carry_over(earlier, head)
     return head, ids
+
+
+def carry_over(earlier: Eagle3Head, head: Eagle3Head) -> None:
+    """``--init-from --revocab``: ``head`` (fresh, with this run's draft vocabulary) takes every
+    weight of the ``earlier`` head, and the LM-head rows of the tokens both vocabularies hold;
+    tokens new to the vocabulary keep the target's rows from :func:`init_head`."""
+    mine = head.state_dict()
+    with torch.no_grad():
+        for name, value in earlier.state_dict().items():
+            if name not in ("lm_head.weight", "d2t", "t2d", "embed"):
+                mine[name].copy_(value)
+        row = torch.full_like(earlier.t2d, -1, dtype=torch.long)  # target id -> row of `earlier`
+        old_ids = earlier.t2d.nonzero().flatten()
+        row[old_ids] = torch.arange(len(old_ids))
+        new_ids = head.t2d.nonzero().flatten()
+        shared = row[new_ids] >= 0
+        head.lm_head.weight[shared] = earlier.lm_head.weight[row[new_ids][shared]].to(head.lm_head.weight.dtype)
 
 
 def init_head(head: Eagle3Head, ids: Tensor, target_lm_head: Tensor, target_norm: Tensor) -> None:
@@ -147,8 +168,8 @@ def ttt_loss(
 
     Without a teacher each step's term is the cross-entropy on the greedy labels inside the draft
     vocabulary; with one (SpecForge's objective) it is the KL to the target's distribution over
-    the draft vocabulary at every answer position. Accuracy is top-1 against in-vocabulary labels
-    either way."""
+    the draft vocabulary at every answer position. Accuracy is top-1 over every answer label, a
+    label outside the draft vocabulary counting as a miss (the verifier rejects such a draft too)."""
     tokens, lengths, plen = batch.tokens, batch.lengths, batch.prompt_lengths
     n = tokens.shape[1] - 1
     t = torch.arange(n, device=tokens.device)
@@ -160,9 +181,9 @@ def ttt_loss(
     for j, hidden in enumerate(ttt_unroll(head, batch, steps)):
         label_pos = t + j + 2  # step j at pair t predicts x_{t+j+2}, the target's choice at t + j + 1
         labels = padded[:, j + 2 : j + 2 + n]
-        rows = (label_pos[None, :] < lengths[:, None]) & (label_pos[None, :] >= plen[:, None])
-        if teach is None:
-            rows &= head.t2d[labels]
+        answers = (label_pos[None, :] < lengths[:, None]) & (label_pos[None, :] >= plen[:, None])
+        rows = answers & head.t2d[labels] if teach is None else answers
+        counted[j] = answers.sum().float().cpu()
         if not rows.any():
             continue
         lg = head.logits(hidden[rows]).float()  # LM head on labelled rows only
@@ -174,7 +195,6 @@ def ttt_loss(
         loss = loss + STEP_DECAY**j * term
         with torch.no_grad():
             correct[j] = ((lg.argmax(-1) == target) & in_vocab).sum().float().cpu()
-            counted[j] = in_vocab.sum().float().cpu()
     return loss, correct, counted
 
 

@@ -51,14 +51,34 @@ def test_ttt_unroll_equals_cache_free_drafting():
                 assert torch.allclose(got, ref[j], atol=1e-9), (b, t, j)
 
 
-def test_loss_masks_prompt_padding_and_out_of_vocab_labels():
+def test_accuracy_counts_every_answer_label_and_misses_out_of_vocab_ones():
+    """Prompt and padding positions are not counted; an answer label outside the draft vocabulary
+    is (the verifier would reject such a draft), and it is never a hit."""
     head = make_head()
     seqs = _sequences(2)
-    _, _, counted = ttt_loss(head, collate(seqs), steps=2)
-    in_vocab = head.t2d
+    _, correct, counted = ttt_loss(head, collate(seqs), steps=2)
     for j in range(2):
-        expected = sum(int(in_vocab[s.tokens[max(s.prompt_len, j + 2) :]].sum()) for s in seqs)
-        assert int(counted[j]) == expected
+        labels = [s.tokens[max(s.prompt_len, j + 2) :] for s in seqs]
+        assert int(counted[j]) == sum(len(x) for x in labels)
+        assert int(correct[j]) <= sum(int(head.t2d[x].sum()) for x in labels) < int(counted[j])
+
+
+def test_revocab_carries_the_earlier_head_over():
+    """``--init-from --revocab``: every weight but the LM head is the earlier head's; the LM-head
+    rows of tokens in both vocabularies move to their new rows, new tokens keep the fresh rows."""
+    from sglang_echo.training.eagle3 import carry_over
+
+    earlier, fresh = make_head(seed=1), make_head(seed=2)
+    before = fresh.lm_head.weight.clone()
+    carry_over(earlier, fresh)
+    assert torch.equal(fresh.fc.weight, earlier.fc.weight) and torch.equal(fresh.norm.weight, earlier.norm.weight)
+    assert torch.equal(fresh.t2d, make_head(seed=2).t2d)  # the new vocabulary stays
+    old_ids, new_ids = earlier.t2d.nonzero().flatten().tolist(), fresh.t2d.nonzero().flatten().tolist()
+    shared = set(old_ids) & set(new_ids)
+    assert shared and set(new_ids) - shared  # the two vocabularies overlap and differ
+    for row, tid in enumerate(new_ids):
+        want = earlier.lm_head.weight[old_ids.index(tid)] if tid in shared else before[row]
+        assert torch.equal(fresh.lm_head.weight[row], want), tid
 
 
 def _label_teacher(head: Eagle3Head, sharpness: float = 1e4):
@@ -241,3 +261,11 @@ def test_feature_capture_equals_the_full_forward(tmp_path, smollm2_dir):
             hs = model(input_ids=s[None], output_hidden_states=True).hidden_states
         ref = torch.cat([hs[i][0] for i in layers], -1)
         assert torch.allclose(f.float(), ref, atol=2e-3, rtol=1e-2)
+
+
+def test_revocab_needs_a_head_to_start_from(tmp_path, capsys):
+    from sglang_echo.training.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "o"), "--revocab"])
+    assert e.value.code == 2 and "--revocab: needs --init-from" in capsys.readouterr().err
