@@ -47,6 +47,23 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
         },
     ),
     "echo-budgeted-chain": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "budgeted-chain"}),
+    # ECHO's tree shape before the measured default (W_def 2, W_max 4): a chain widened to 2 at a
+    # truncation; `echo-cost` of that shape beside it.
+    "echo-w1x2": (
+        "echo",
+        SpecOptions(),
+        {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_W_DEF": "1", "SGLANG_ECHO_W_MAX": "2"},
+    ),
+    "echo-cost-w1x2": (
+        "echo",
+        SpecOptions(),
+        {
+            "SGLANG_ECHO_POLICY": "echo",
+            "SGLANG_ECHO_BUDGET": "cost",
+            "SGLANG_ECHO_W_DEF": "1",
+            "SGLANG_ECHO_W_MAX": "2",
+        },
+    ),
     # The same ECHO trees verified padded-dense (B*W target tokens per step) instead of ragged.
     "echo-padded": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_VERIFY": "padded"}),
     # ECHO Sec. 5.3's gating ablation: a gate at every depth / one threshold at the sweet spots.

@@ -35,14 +35,15 @@ Measuring both sides. A batch with no room to draft (``B >= K_max(B)``) is plain
 measures the side it took, so both are probed at the current load:
 
 * until ``warmup`` speculative steps have been seen, and every ``explore_every`` steps served at
-  a load (batch-size half-octave) after, a step whose batch leaves room for a draft per request
-  (``2B <= K_max(B)``) gets the full ``K_max(B)``, so ``G``, ``F`` and ``t_draft`` keep being
-  measured while the model says not to speculate. Such a step is the dearest there is, so while
+  a load (batch-size half-octave) after, ``explore_burst`` steps in a row whose batch leaves room
+  for a draft per request (``2B <= K_max(B)``) get the full ``K_max(B)``, so ``G``, ``F`` and
+  ``t_draft`` keep being measured while the model says not to speculate. Such steps are the dearest there are, so while
   explorations keep confirming plain decoding at a load its interval doubles, up to
   ``explore_backoff`` times ``explore_every``; a verdict for drafting there resets it. Each load
   keeps its own schedule, so a batch shrinking through the half-octaves does not restart it;
 * while the model says to speculate, every ``plain_every``-th step is plain, so ``T_verify(B)``
-  and ``t_rest(B)`` are measured where the alternative would run.
+  and ``t_rest(B)`` are measured where the alternative would run; while the served rates say
+  plain and the model does not, every ``plain_every``-th step and the one after it draft.
 
 The model predicts; :class:`RealisedRates` checks. The plain probes and the drafting steps
 around them are an A/B test of the model's choice at the current load: the tokens each step
@@ -52,6 +53,12 @@ plain (and every ``plain_every``-th drafts, so the verdict can change); where it
 more, steps draft even if the model says not to, at ``K_max(B)`` if the model sees no gain at
 all. A model fitted across loads and workloads can be wrong in ways no single curve shows; the
 served rates cannot, up to noise.
+
+A drafting step right after a plain one is a transition: the drafter's state is cold and it
+catches up what the plain steps deferred. Its time is not what steady drafting costs (served at
+one request, such a step took two to four plain steps' time, a steady one 1.3), so it measures
+neither ``t_draft``, the rest of the step, nor the drafting side of the A/B test; a burst
+(``explore_burst``) leaves its other steps to measure drafting as it runs when chosen.
 
 Deferred work is charged to the side that deferred it. A plain step may skip the draft extend
 (the worker's lazy extend) and leave its pairs for the next drafting step to catch up; that
@@ -63,127 +70,13 @@ and the verdict would favour plain decoding by construction.
 
 from __future__ import annotations
 
-import bisect
-import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
+from .cost_curve import CostCurve, half_octave
 from .kmax import KMax
-
-
-@dataclass
-class LineFit:
-    """``y ~ a + b x`` by exponentially weighted least squares, with ``a, b >= 0``.
-
-    With too little spread in x to see a slope it predicts the weighted mean of y (flat)."""
-
-    decay: float = 0.98
-    _s: list[float] = field(default_factory=lambda: [0.0] * 5)  # sum w, wx, wy, wxx, wxy
-
-    def add(self, x: float, y: float) -> None:
-        s, g = self._s, self.decay
-        for i, v in enumerate((1.0, x, y, x * x, x * y)):
-            s[i] = g * s[i] + v
-
-    def slope(self) -> float:
-        w, sx, sy, sxx, sxy = self._s
-        if w <= 0:
-            return 0.0
-        mx, my = sx / w, sy / w
-        var = sxx / w - mx * mx
-        return 0.0 if var <= 1e-9 * max(1.0, mx * mx) else max((sxy / w - mx * my) / var, 0.0)
-
-    def predict(self, x: float) -> float:
-        w, sx, sy, sxx, sxy = self._s
-        if w <= 0:
-            return 0.0
-        slope = self.slope()
-        intercept = sy / w - slope * sx / w
-        if intercept < 0:  # costs cannot be negative at x = 0: refit through the origin
-            return max(sxy / sxx, 0.0) * x if sxx > 0 else sy / w
-        return intercept + slope * x
-
-
-def half_octave(x: float) -> int:
-    """The bucket of a size: sizes within a factor of about 1.4 share one (sizes <= 1 share 0)."""
-    return round(2 * math.log2(max(x, 1.0)))
-
-
-class CostCurve:
-    """A cost against a size, as measured: exponentially weighted means per half-octave of x,
-    joined piecewise-linearly (and made non-decreasing: :func:`isotonic`), extended past the measured range with a
-    :class:`LineFit`'s slope over all samples.
-
-    A single line would miss Eq. 2's knee: on a CPU a verify of 1 or 8 tokens costs about the
-    same, while the slope over 1..256 tokens charges every token alike."""
-
-    def __init__(self, decay: float = 0.98, unit: float = 1.0) -> None:
-        self.decay, self.unit = decay, unit  # unit: the smallest x told apart (x <= unit share a bucket)
-        self.line = LineFit(decay)
-        self._buckets: dict[int, list[float]] = {}  # round(2 log2 x) -> [w, wx, wy]
-        self._joined: Optional[tuple[list[float], list[float], float]] = None  # (xs, ys, slope) until add
-
-    def add(self, x: float, y: float) -> None:
-        self.line.add(x, y)
-        b = self._buckets.setdefault(half_octave(x / self.unit), [0.0, 0.0, 0.0])
-        for i, v in enumerate((1.0, x, y)):
-            b[i] = self.decay * b[i] + v
-        self._joined = None
-
-    def _points(self) -> tuple[list[float], list[float], float]:
-        """The joined curve, rebuilt only after an add (a step's cap queries it many times)."""
-        if self._joined is None:
-            pts = sorted((wx / w, wy / w, w) for w, wx, wy in self._buckets.values())
-            self._joined = ([p[0] for p in pts], isotonic([p[1] for p in pts], [p[2] for p in pts]), self.line.slope())
-        return self._joined
-
-    @property
-    def measured(self) -> bool:
-        return bool(self._buckets)
-
-    def from_origin(self, x: float) -> float:
-        """A yield-like curve: 0 at ``x <= 0``, linear from there to the first measured point,
-        measured, then flat past the last (no evidence, no credit)."""
-        xs, ys, _ = self._points()
-        if not xs or x <= 0:
-            return 0.0
-        return ys[0] * x / xs[0] if x < xs[0] else self.clamped(x)
-
-    def clamped(self, x: float) -> float:
-        """The measured curve, flat outside the measured range."""
-        xs, ys, _ = self._points()
-        if not xs:
-            return 0.0
-        return ys[0] if x <= xs[0] else ys[-1] if x >= xs[-1] else self.predict(x)
-
-    def predict(self, x: float) -> float:
-        xs, ys, slope = self._points()
-        if not xs:
-            return 0.0
-        if x <= xs[0]:
-            return max(ys[0] - slope * (xs[0] - x), 0.0)
-        if x >= xs[-1]:
-            return ys[-1] + slope * (x - xs[-1])
-        i = bisect.bisect_right(xs, x)
-        t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-        return ys[i - 1] + t * (ys[i] - ys[i - 1])
-
-
-def isotonic(ys: Sequence[float], weights: Sequence[float]) -> list[float]:
-    """The non-decreasing sequence closest to ``ys`` in weighted least squares (pool adjacent
-    violators). A cost cannot fall with size, but a measured one does (noise); pooling keeps one
-    slow step, weighted as one, from raising every larger size to its time, as a running maximum
-    would."""
-    blocks: list[list[float]] = []  # [mean, weight, count], means increasing
-    for y, w in zip(ys, weights):
-        blocks.append([y, w, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            y2, w2, n2 = blocks.pop()
-            b = blocks[-1]
-            b[0], b[1], b[2] = (b[0] * b[1] + y2 * w2) / (b[1] + w2), b[1] + w2, b[2] + n2
-    return [b[0] for b in blocks for _ in range(b[2])]
 
 
 class RealisedRates:
@@ -248,6 +141,7 @@ class Exploring:
     gap: int  # steps at this load from one exploration to the next
     since: int = 0  # steps at this load since its last exploration
     judging: bool = False  # an exploration ran here and no decision has followed it yet
+    left: int = 0  # steps of the running exploration burst still to draft
 
     def judge(self, drafting: bool, shortest: int, longest: int) -> None:
         """The first decision after an exploration judges it: plain decoding again doubles the
@@ -276,6 +170,7 @@ class CostModelBudget:
         warmup: int = 16,
         explore_every: int = 64,
         explore_backoff: int = 16,
+        explore_burst: int = 4,
         plain_every: int = 16,
         decay: float = 0.98,
         free_share: float = 0.02,
@@ -288,18 +183,25 @@ class CostModelBudget:
         ceiling = k_max if isinstance(k_max, KMax) else None
         if ceiling is None and (isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1):
             raise ValueError(f"need k_max >= 1, got k_max={k_max}")
-        if max_depth < 0 or warmup < 0 or explore_every < 2 or explore_backoff < 1 or plain_every < 2:
+        if (
+            max_depth < 0
+            or warmup < 0
+            or explore_every < 2
+            or explore_backoff < 1
+            or not 1 <= explore_burst < explore_every
+            or plain_every < 2
+        ):
             raise ValueError(
                 f"need max_depth >= 0, warmup >= 0, explore_every >= 2, explore_backoff >= 1, "
-                f"plain_every >= 2; got max_depth={max_depth} warmup={warmup} "
-                f"explore_every={explore_every} explore_backoff={explore_backoff} "
-                f"plain_every={plain_every}"
+                f"1 <= explore_burst < explore_every, plain_every >= 2; got max_depth={max_depth} "
+                f"warmup={warmup} explore_every={explore_every} explore_backoff={explore_backoff} "
+                f"explore_burst={explore_burst} plain_every={plain_every}"
             )
         self.k_max, self.max_depth = ceiling or KMax(k_max), max_depth
         self.max_drafts = max(max_depth, max_drafts or 0)
         self.padded_width = padded_width  # None: ragged verify (the target computes sum K_i tokens)
         self.warmup, self.explore_every, self.plain_every, self.decay = warmup, explore_every, plain_every, decay
-        self.explore_backoff = explore_backoff
+        self.explore_backoff, self.explore_burst = explore_backoff, explore_burst
         self.free_share = free_share  # verify time a step may add for free tokens (see cap)
         self.verify = CostCurve(decay)  # seconds vs target tokens
         self.draft = CostCurve(decay)  # seconds per draft forward vs batch size
@@ -313,6 +215,8 @@ class CostModelBudget:
         self._exploring: dict[int, Exploring] = {}  # batch-size bucket -> its exploration schedule
         self._arm: Optional[str] = None  # this step's side of the A/B test
         self._reason: Optional[str] = None  # why this step's side was chosen (one of REASONS)
+        self._drafted_last = False  # whether the last step observed drafted (the next is no transition)
+        self._probe_follow_up: Optional[int] = None  # the load whose drafting probe drafts once more
         # (B, drafted, arm, step seconds, catch-up seconds)
         self._pending: deque[tuple[int, float, Optional[str], float, float]] = deque(maxlen=8)
 
@@ -384,7 +288,10 @@ class CostModelBudget:
             if self.spec_steps < self.warmup:
                 return k_max
             if explore.since >= explore.gap:
-                explore.since, explore.judging, self._reason = 0, True, "explore"
+                explore.since, explore.judging, explore.left = 0, True, self.explore_burst
+            if explore.left > 0:
+                explore.left -= 1
+                self._reason = "explore"
                 return k_max
         depth = self.best_depth(B)
         verdict = self.rates.verdict(B)  # the served A/B test overrules the model, either way
@@ -392,8 +299,13 @@ class CostModelBudget:
         self._reason = "model" if verdict is None else "measured"
         if explore is not None:
             explore.judge(drafting, self.explore_every, self.explore_backoff * self.explore_every)
-        if (depth > 0 or drafting) and self._probing(B):
+        follow_up, self._probe_follow_up = self._probe_follow_up == half_octave(B), None
+        if follow_up and not drafting:  # a drafting probe's second step: its first was a transition
+            self._reason, drafting = "probe", True
+        elif (depth > 0 or drafting) and self._probing(B):
             drafting, self._reason = not drafting, "probe"  # the other side's probe (module docstring)
+            if drafting:
+                self._probe_follow_up = half_octave(B)
         self._arm = "draft" if drafting else "plain"
         if not drafting:
             return min(k_max, B)
@@ -475,15 +387,20 @@ class CostModelBudget:
         drafted = max(verified_tokens - batch_size, 0) / batch_size
         if cap is not None and cap > batch_size:
             self.spend.add((cap - batch_size) / batch_size, drafted)
+        arm = self._arm
         if draft_forwards > 0:
             self.spec_steps += 1
-            self.draft.add(batch_size, draft_s / draft_forwards)
             if drafted > 0:
                 self.forwards.add(drafted, draft_forwards)
-            self.rest.add(batch_size, max(step_s - verify_s - draft_s, 0.0))
+            if self._drafted_last:
+                self.draft.add(batch_size, draft_s / draft_forwards)
+                self.rest.add(batch_size, max(step_s - verify_s - draft_s, 0.0))
+            elif arm == "draft":
+                arm = None  # a transition (module docstring): not the drafting side's steady cost
         else:  # no draft depth: drafting was setup only, part of the step's fixed rest
             self.rest.add(batch_size, max(step_s - verify_s, 0.0))
-        self._pending.append((batch_size, drafted, self._arm, step_s, catch_up_s))
+        self._drafted_last = draft_forwards > 0
+        self._pending.append((batch_size, drafted, arm, step_s, catch_up_s))
         self._arm = self._reason = None
         return decision
 
@@ -495,9 +412,10 @@ class CostModelBudget:
         if batch_size != len(accepted_drafts):
             return  # not the batch that step drafted for: nothing to learn from it
         plain_s = self.step_seconds(batch_size, 0)  # the unit that makes the bucket's sizes compare
-        if arm is not None and plain_s > 0:
-            self.rates.add(batch_size, arm, batch_size + sum(accepted_drafts), step_s / plain_s)
-            if catch_up_s > 0:
+        if plain_s > 0:
+            if arm is not None:  # None: no side decided, or a transition (module docstring)
+                self.rates.add(batch_size, arm, batch_size + sum(accepted_drafts), step_s / plain_s)
+            if catch_up_s > 0:  # plain decoding's deferred extends, whoever caught them up
                 self.rates.charge(batch_size, "plain", catch_up_s / plain_s)
         if drafted > 0:
             self.gain.add(drafted, sum(accepted_drafts) / batch_size)

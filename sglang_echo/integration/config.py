@@ -13,7 +13,8 @@ reach every sglang subprocess). Resolution order, later wins:
    ``SGLANG_ECHO_*`` variable, like an unknown key in the file, stops the server at start-up).
 
 Defaults: policy ``echo``, ``k_max`` unset (the batch verification cap, roots included: see
-below), ``max_depth`` 4, ``w_def`` 1, ``w_max`` 2, no calibration file (the paper's default
+below), ``max_depth`` 4, ``w_max`` 4, ``w_def`` half of ``w_max`` (2; measured at one request:
+``benchmarks/results/serve-smollm2-tree-shape/``), no calibration file (the paper's default
 gates, logged loudly), drafter ``eagle3`` (the EAGLE-3 head of
 ``--speculative-draft-model-path``; ``dart``: a DART head there, :mod:`.dart`, with DART's
 n-gram pruning unless ``dart_ngram`` is false; ``dflash``: a DFlash head there, :mod:`.dflash`;
@@ -98,8 +99,8 @@ class EchoConfig:
     policy: Policy = Policy.ECHO
     k_max: Optional[int] = None  # None: the calibration's measured knee on this device, else the device's default
     max_depth: int = 4
-    w_def: int = 1
-    w_max: int = 2
+    w_def: Optional[int] = None  # None: half of w_max, at least 1 (see w_default)
+    w_max: int = 4
     width: Optional[int] = None  # None: derived (see module docstring)
     calibration: Optional[str] = None
     drafter: Drafter = Drafter.EAGLE3
@@ -114,10 +115,16 @@ class EchoConfig:
 
     # -- derived ---------------------------------------------------------------------------
     @property
+    def w_default(self) -> int:
+        """Alg. 1's ``W_def``: ``w_def`` where set, else half of ``w_max`` (at least 1), so that a
+        ``--speculative-eagle-topk`` alone sets a consistent shape (topk 2: a chain)."""
+        return self.w_def if self.w_def is not None else max(1, self.w_max // 2)
+
+    @property
     def max_tree_nodes(self) -> int:
         """Most nodes (root included) one request's tree can get under this policy."""
         if self.policy in ELASTIC:
-            return 1 + self.max_depth * self.w_def + self.w_max
+            return 1 + self.max_depth * self.w_default + self.w_max
         if self.policy == "ar":
             return 1
         if self.policy == "static-tree":
@@ -130,7 +137,7 @@ class EchoConfig:
     def frontier_width(self) -> int:
         """Frontier slots per request the drafter must expand at one depth."""
         if self.policy in ELASTIC:
-            return self.w_def
+            return self.w_default
         if self.policy in ("static-tree", "beam-tree"):
             return self.w_max
         return 1
@@ -152,7 +159,7 @@ class EchoConfig:
             return max(self.max_depth + 1, self._within_k_max(1 + self.max_depth * self.w_max))
         if self.policy == Policy.BEAM_TREE:  # unbudgeted: every depth's beam is verified (calibration)
             return 1 + self.max_depth * self.w_max
-        return max(self.max_depth + 1, self._within_k_max(1 + self.max_depth * self.w_def + self.w_max))
+        return max(self.max_depth + 1, self._within_k_max(1 + self.max_depth * self.w_default + self.w_max))
 
     def validate(self) -> "EchoConfig":
         def bad(msg: str) -> EchoConfigError:
@@ -167,8 +174,8 @@ class EchoConfig:
             raise bad(f"k_max={self.k_max} must be >= 1 (it counts every request's root)")
         if self.max_depth < 1:
             raise bad(f"max_depth={self.max_depth} must be >= 1 (use policy='ar' for no drafting)")
-        if not 1 <= self.w_def <= self.w_max:
-            raise bad(f"need 1 <= w_def <= w_max, got w_def={self.w_def}, w_max={self.w_max}")
+        if not 1 <= self.w_default <= self.w_max:
+            raise bad(f"need 1 <= w_def <= w_max, got w_def={self.w_default}, w_max={self.w_max}")
         if self.w_max < 2:
             raise bad(f"w_max={self.w_max} must be >= 2 (the verify path needs a tree, topk >= 2)")
         if self.explore_backoff < 1:
@@ -206,7 +213,7 @@ class EchoConfig:
         return PolicyConfig(
             k_max=k_max or self.k_max or CPU_DEFAULT.flat,
             max_depth=self.max_depth,
-            w_def=self.w_def,
+            w_def=self.w_default,
             w_max=self.w_max,
             topk=self.w_max,
             total_tokens=self.resolved_width(),

@@ -476,4 +476,5 @@ def test_every_echo_config_is_a_valid_echo_setting():
     assert shapes["echo-static-8x10x60"] == ("static-tree", 8, 10, 60)
     assert shapes["echo-static-3x3x5"] == ("static-tree", 3, 3, 5)
     assert shapes["echo-chain"][0] == "chain" and shapes["echo-budgeted-chain"][0] == "budgeted-chain"
+    assert shapes["echo"] == ("echo", 4, 4, 1 + 4 * 2 + 4) and shapes["echo-w1x2"] == ("echo", 4, 2, 1 + 4 + 2)
     assert {"echo", "echo-dense", "echo-fixed"} <= set(shapes)

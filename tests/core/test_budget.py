@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from sglang_echo.core.budget import CostCurve, CostModelBudget, LineFit, RealisedRates, isotonic
+from sglang_echo.core.budget import CostModelBudget, RealisedRates
+from sglang_echo.core.cost_curve import CostCurve, LineFit, isotonic
 from sglang_echo.core.factory import PolicyConfig, make_policy
 from sglang_echo.core.policy import build_trees
 from sglang_echo.core.synthetic import SyntheticDrafter, SyntheticWorld
@@ -142,7 +143,7 @@ def test_tokens_below_the_knee_are_free():
 def test_warmup_and_exploration_use_the_full_k_max():
     """Explorations run K_max; while each is followed by plain decoding at the same load, the gap
     to the next doubles (4, 8, 16 = explore_backoff x explore_every); another load has its own."""
-    budget = CostModelBudget(k_max=48, max_depth=3, warmup=3, explore_every=4, explore_backoff=4)
+    budget = CostModelBudget(k_max=48, max_depth=3, warmup=3, explore_every=4, explore_backoff=4, explore_burst=1)
     assert [budget.cap(16) for _ in range(3)] == [48, 48, 48]  # nothing measured yet
     feed(budget, steps=3, B=16, depth=1, accept=[0.05], verify=lambda K: 0.05 + 0.01 * K, draft_per_depth=0.05)
     caps = [budget.cap(16) for _ in range(32)]  # calls 4..35: drafting does not pay, so plain between
@@ -158,7 +159,7 @@ def test_a_shrinking_batch_keeps_each_loads_exploration_schedule():
     """Waves of requests finishing one by one (batch 24 down to 1, again and again): each load
     explores once per ``gap`` steps served at it, backing off there, instead of every load
     restarting one shared schedule."""
-    budget = CostModelBudget(k_max=48, max_depth=3, warmup=0, explore_every=4, explore_backoff=4)
+    budget = CostModelBudget(k_max=48, max_depth=3, warmup=0, explore_every=4, explore_backoff=4, explore_burst=1)
     feed(budget, steps=3, B=16, depth=1, accept=[0.05], verify=lambda K: 0.05 + 0.01 * K, draft_per_depth=0.05)
     explored = [sum(budget.cap(B) == 48 for B in range(24, 0, -1)) for _ in range(12)]
     # 24 steps per wave over 10 half-octaves; the three with 4 or more (24-20, 19-14, 13-10)
@@ -169,7 +170,7 @@ def test_a_shrinking_batch_keeps_each_loads_exploration_schedule():
 
 
 def test_a_verdict_for_drafting_resets_the_exploration_gap():
-    budget = CostModelBudget(k_max=48, max_depth=3, warmup=0, explore_every=4, explore_backoff=8)
+    budget = CostModelBudget(k_max=48, max_depth=3, warmup=0, explore_every=4, explore_backoff=8, explore_burst=1)
     feed(budget, steps=3, B=8, depth=1, accept=[0.05], verify=lambda K: 0.05 + 0.01 * K, draft_per_depth=0.05)
     for _ in range(20):
         budget.cap(8)
@@ -238,11 +239,49 @@ def test_measured_rates_veto_drafting_the_model_favours():
     serve(24)
     assert budget.best_depth(B) > 0  # the model still says draft ...
     assert budget.rates.verdict(B) == "plain"  # ... the served rates say 6.7 vs 20 tokens/s per request
-    assert sum(c > B for c in serve(8)) == 2  # drafting only on its probe steps
+    assert sum(c > B for c in serve(8)) == 4  # drafting only on its probes, two steps each (one a transition)
     draft_s[0] = 0.06  # drafting now commits 33 tokens/s per request: the veto lifts
-    serve(40)
+    serve(80)  # (a drafting probe's first step, a transition, is not counted)
     assert budget.rates.verdict(B) == "draft"
     assert sum(c > B for c in serve(8)) == 6  # plain only on its probe steps
+
+
+def test_an_exploration_is_a_burst_whose_first_step_measures_no_drafting_cost():
+    """An exploration drafts ``explore_burst`` steps at K_max. Its first step follows plain ones:
+    a transition (cold drafter, deferred extends), which measures neither ``t_draft`` nor the
+    drafting side of the A/B test; its catch-up is still charged to plain decoding."""
+    B = 4
+    budget = CostModelBudget(k_max=48, max_depth=2, warmup=0, explore_every=8, explore_burst=3, decay=1.0)
+    caps, reasons, plain_charged = [], [], []
+    for step in range(16):
+        cap = budget.cap(B)
+        drafting = cap > B
+        first = drafting and not (caps and caps[-1] > B)
+        decision = budget.observe_step(
+            batch_size=B,
+            target_tokens=3 * B if drafting else B,
+            verified_tokens=3 * B if drafting else B,
+            draft_forwards=2 if drafting else 0,
+            draft_s=(0.5 if first else 0.01) if drafting else 0.0,  # the transition is slow
+            verify_s=0.02,
+            step_s=(0.52 if first else 0.03) if drafting else 0.02,
+            cap=cap,
+            catch_up_s=0.1 if first else 0.0,
+        )
+        budget.observe_accept([1] * B if drafting else [0] * B)
+        caps.append(cap)
+        reasons.append(decision[1])
+        plain_charged.append(budget.rates._sums.get((budget_bucket(B), "plain"), [0, 0, 0])[2])
+    assert reasons[6:11] == ["model", "explore", "explore", "explore", "model"]
+    assert budget.draft.predict(B) == pytest.approx(0.005)  # the steady steps' 10 ms over 2 forwards
+    assert budget.rates.samples(B, "draft") == sum(c > B for c in caps) - 1  # all but the transition
+    assert plain_charged[7] - plain_charged[6] > 0  # the transition's catch-up went to plain decoding
+
+
+def budget_bucket(B: int) -> int:
+    from sglang_echo.core.cost_curve import half_octave
+
+    return half_octave(B)
 
 
 def test_accepts_are_matched_to_their_steps_in_order():
@@ -371,7 +410,7 @@ def test_unbudgeted_policies_ignore_the_cap():
 def test_every_step_reports_why_it_drafted_or_not():
     """``observe_step`` returns the step's ``(arm, reason)``, which the worker exports per arm and
     reason (``echo_budget_steps_total``) so the price of measuring is visible."""
-    budget = CostModelBudget(k_max=48, max_depth=3, warmup=1, explore_every=4, plain_every=4)
+    budget = CostModelBudget(k_max=48, max_depth=3, warmup=1, explore_every=4, plain_every=4, explore_burst=1)
 
     def step(B: int, forwards: int = 0):
         cap = budget.cap(B)
@@ -407,7 +446,7 @@ def test_every_step_reports_why_it_drafted_or_not():
 
 
 def test_warmup_and_explorations_wait_for_room_to_draft():
-    budget = CostModelBudget(k_max=64, max_depth=3, warmup=2, explore_every=4)
+    budget = CostModelBudget(k_max=64, max_depth=3, warmup=2, explore_every=4, explore_burst=1)
 
     def step(B: int):
         cap = budget.cap(B)
@@ -450,6 +489,7 @@ def test_served_rates_compare_the_sizes_of_a_bucket_fairly():
 
     for _ in range(4):
         serve(76, "plain", 0, 0, 0.0)
+        serve(54, "draft", 11, 5, 0.02)  # a transition: not measured
         serve(54, "draft", 11, 5, 0.02)
     per_second = {"plain": 1 / 0.76, "draft": (59 / 54) / 0.67}
     assert per_second["draft"] > 1.2 * per_second["plain"]  # what seconds alone would conclude

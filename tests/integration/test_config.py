@@ -17,12 +17,19 @@ def test_defaults_documented():
         "echo",
         None,
         4,
-        1,
-        2,
+        None,
+        4,
         None,
     )
-    assert cfg.resolved_width() == 1 + 4 * 1 + 2
+    assert cfg.w_default == 2 and cfg.resolved_width() == 1 + 4 * 2 + 4
     assert cfg.source == "defaults"
+
+
+def test_w_def_follows_w_max_unless_set():
+    """Without a w_def, a ``--speculative-eagle-topk`` alone gives a shape that fits: half of w_max."""
+    assert load_config(topk=2, num_draft_tokens=7, environ={}).w_default == 1  # 1 + 4 * 1 + 2 = 7
+    assert load_config(topk=6, environ={}).w_default == 3
+    assert load_config(topk=6, environ={"SGLANG_ECHO_W_DEF": "1"}).w_default == 1
 
 
 def test_flags_then_file_then_env(tmp_path: Path):
@@ -57,7 +64,7 @@ def test_dart_drafter_and_its_ngram_switch():
         ({"SGLANG_ECHO_POLICY": "eagle9"}, "policy='eagle9' is unknown"),
         ({"SGLANG_ECHO_K_MAX": "many"}, "k_max='many' is not a valid integer"),
         ({"SGLANG_ECHO_K_MAX": "0"}, "k_max=0 must be >= 1"),
-        ({"SGLANG_ECHO_W_DEF": "3"}, "1 <= w_def <= w_max"),
+        ({"SGLANG_ECHO_W_DEF": "5"}, "1 <= w_def <= w_max"),
         ({"SGLANG_ECHO_W_MAX": "1", "SGLANG_ECHO_W_DEF": "1"}, "w_max=1 must be >= 2"),
         ({"SGLANG_ECHO_WIDTH": "3"}, "width=3 must be >= max_depth"),
         ({"SGLANG_ECHO_WIDTH": "5"}, "smaller than the widest tree"),

@@ -90,7 +90,7 @@ def _spec(r: dict) -> tuple:
 def test_echo_with_an_eagle3_head(resolved):
     d = resolved["defaults"]
     assert d["speculative_algorithm"] == "ECHO"
-    assert _spec(d) == (4, 2, 7)
+    assert _spec(d) == (4, 4, 13)  # depth 4, W_max 4, 1 + 4 x W_def 2 + 4
     assert d["max_running_requests"] == 48 and d["disable_overlap_schedule"] is True
     assert _spec(resolved["env"])[:2] == (3, 3)
     assert resolved["env"]["speculative_num_draft_tokens"] == 1 + 3 * 1 + 3
@@ -106,9 +106,9 @@ def test_echo_with_an_eagle3_head(resolved):
 def test_the_ngram_drafter(resolved):
     e = resolved["ngram_env"]
     assert e["speculative_algorithm"] == "ECHO", e
-    assert _spec(e) == (4, 2, 7)
+    assert _spec(e) == (4, 4, 13)
     assert e["max_running_requests"] == 48 and e["disable_overlap_schedule"] is True
-    assert resolved["ngram_file"]["speculative_num_draft_tokens"] == 1 + 4 * 2  # static-tree's width
+    assert resolved["ngram_file"]["speculative_num_draft_tokens"] == 1 + 4 * 4  # static-tree: depth x W_max
     assert "drafter 'ngram' uses no draft model" in resolved["ngram_with_draft"]["error"]
 
 

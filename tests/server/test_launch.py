@@ -179,11 +179,11 @@ def test_cpu_speculative_servers_get_their_draft_slots_on_top_of_the_kv_pool(tmp
     assert pool(spec="none") == base
     assert pool(spec="eagle3", spec_options=SpecOptions(3, 3, 5), max_running_requests=8) == base + 8 * 2 * 9
     assert pool(spec="ngram", spec_options=SpecOptions(num_draft_tokens=12), max_running_requests=8) == base + 8 * 24
-    # ECHO's shape is its config's: depth 4, topk max(2, w_max 2), width 7 by default -> 2 x 8 slots
-    assert pool(spec="echo") == base + flags.CPU_SPEC_MAX_RUNNING_REQUESTS * 16
+    # ECHO's shape is its config's: depth 4, topk w_max 4, width 13 by default -> 2 x 16 slots
+    assert pool(spec="echo") == base + flags.CPU_SPEC_MAX_RUNNING_REQUESTS * 32
     assert (
         pool(spec="echo", extra_env=(("SGLANG_ECHO_MAX_DEPTH", "6"),))
-        == base + flags.CPU_SPEC_MAX_RUNNING_REQUESTS * 24
+        == base + flags.CPU_SPEC_MAX_RUNNING_REQUESTS * 48
     )
     assert pool(spec="echo", max_total_tokens=4096) == 4096
     with pytest.raises(LaunchError, match="SGLANG_ECHO_MAX_DEPTH"):
@@ -207,13 +207,13 @@ def test_cpu_kv_pool_counts_the_shape_and_running_requests_passed_after_the_doub
     paper_tree = ("--speculative-num-steps", "8", "--speculative-eagle-topk=10", "--speculative-num-draft-tokens", "60")
     assert pool(paper_tree, spec="eagle3", spec_options=SpecOptions(3, 3, 5), max_running_requests=8) == base + 8 * 160
     assert pool(("--speculative-num-draft-tokens", "12"), spec="ngram", max_running_requests=8) == base + 8 * 24
-    # ECHO reads sglang's flags into its config (depth 6 -> 2 x max(6 x 2, 7) slots) ...
-    assert pool(("--speculative-num-steps", "6"), spec="echo") == base + flags.CPU_SPEC_MAX_RUNNING_REQUESTS * 24
+    # ECHO reads sglang's flags into its config (depth 6 -> 2 x max(6 x 4, 17) slots) ...
+    assert pool(("--speculative-num-steps", "6"), spec="echo") == base + flags.CPU_SPEC_MAX_RUNNING_REQUESTS * 48
     # ... and a passed-through --max-running-requests replaces the CPU default of 256 instead of joining it
     argv = launch(("--max-running-requests", "32"), spec="echo")
     assert argv.count("--max-running-requests") == 1
-    assert pool(("--max-running-requests", "32"), spec="echo") == base + 32 * 16
-    assert pool(("--max-running-requests", "32"), spec="echo", max_running_requests=64) == base + 32 * 16
+    assert pool(("--max-running-requests", "32"), spec="echo") == base + 32 * 32
+    assert pool(("--max-running-requests", "32"), spec="echo", max_running_requests=64) == base + 32 * 32
     with pytest.raises(LaunchError, match="--speculative-num-steps 'deep': expected an integer"):
         pool(("--speculative-num-steps", "deep"), spec="eagle3")
 
