@@ -32,7 +32,7 @@ from sglang_echo.serve.flags import resolve_device
 
 from .pool_kinds import KINDS
 from .prompt_pool import POOL_VERSION, build_pool, dev_pool, prompt_text
-from .shards import write_shard
+from .shards import shard_path, write_shard
 
 BACKENDS = ("server", "hf")
 SERVER_PORTS = (31600, 31699)  # below Linux's ephemeral ports, apart from the test suites' ranges
@@ -168,7 +168,9 @@ class HFAnswers:
 def check_manifest(out: Path, settings: dict) -> None:
     """Shards are named by their place in the pool slice, so a directory only continues the run
     that started it: the settings that decide which prompts and answers a shard holds are recorded
-    on the first run and must match on every later one (more prompts may be added)."""
+    on the first run (which makes the directory) and must match on every later one (more prompts
+    may be added)."""
+    out.mkdir(parents=True, exist_ok=True)
     path = out / MANIFEST
     if path.exists():
         saved = json.loads(path.read_text())
@@ -199,10 +201,7 @@ def generate(
     (a smaller pool is a prefix of a larger one).
 
     ``batch``: requests in flight (``server``) or rows per ``generate`` call (``hf``)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r}: expected one of {BACKENDS}")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     settings = {"offset": offset, "seed": seed, "max_new": max_new, "shard_size": shard_size, "pool": POOL_VERSION}
     check_manifest(out, settings)
     pool = build_pool(offset + prompts, seed)[offset:]
@@ -236,11 +235,13 @@ def answer_groups(
     backend: str,
 ) -> None:
     """:func:`answer_into` for several folders (each with its prompts) through one backend."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r}: expected one of {BACKENDS}")
     todo: list[tuple[Path, list[Prompt]]] = []  # (shard path, its prompts) of every missing shard
     for out, prompts in groups.items():
         out.mkdir(parents=True, exist_ok=True)
         for k in range(0, len(prompts), shard_size):
-            path = out / f"shard-{k // shard_size:05d}.safetensors"
+            path = shard_path(out, k // shard_size)
             if not path.exists():
                 todo.append((path, prompts[k : k + shard_size]))
     if not todo:
@@ -273,7 +274,6 @@ def generate_dev(
     """The target's answers to ``per_kind`` dev-split prompts of every pool kind (never trained
     on: :func:`~.prompt_pool.dev_pool`), one folder ``out/<kind>`` each (resumable); returns them."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     settings = {"split": "dev", "per_kind": per_kind, "seed": seed, "max_new": max_new, "pool": POOL_VERSION}
     check_manifest(out, settings)
     groups = {out / kind: dev_pool(kind, per_kind, seed) for kind in KINDS}

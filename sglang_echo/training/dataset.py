@@ -31,7 +31,7 @@ from pathlib import Path
 from sglang_echo.models.prompts import Message, Prompt
 
 from .datagen import answer_into, check_manifest, prompt_ids, up_to_eos
-from .shards import write_shard
+from .shards import shard_path, write_shard
 
 ROLES = ("system", "user", "assistant")
 MESSAGE_KEYS = ("messages", "conversations")
@@ -166,7 +166,6 @@ def dataset_data(
     ``answering``: how the target regenerates answers, the ``max_new``, ``batch``, ``dtype``,
     ``device`` and ``backend`` of :func:`~.datagen.answer_into` (unused with ``keep_answers``)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     settings = {
         "dataset": str(Path(path).resolve()),
         "sha256": file_digest(Path(path)),
@@ -184,6 +183,6 @@ def dataset_data(
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     for k in range(0, len(conversations), shard_size):
-        shard = out / f"shard-{k // shard_size:05d}.safetensors"
+        shard = shard_path(out, k // shard_size)
         if not shard.exists():
             write_shard(shard, [row for c in conversations[k : k + shard_size] for row in answer_rows(tok, c, path)])

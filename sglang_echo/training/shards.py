@@ -13,6 +13,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 
+def shard_path(out: Path, index: int) -> Path:
+    """The ``index``-th shard of a data directory (its place in the prompt slice)."""
+    return out / f"shard-{index:05d}.safetensors"
+
+
 def write_shard(path: Path, rows: list[tuple[list[int], int]]) -> None:
     ids = torch.tensor([t for seq, _ in rows for t in seq], dtype=torch.int32)
     lens = torch.tensor([len(seq) for seq, _ in rows], dtype=torch.int32)
