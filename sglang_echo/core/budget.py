@@ -36,8 +36,12 @@ measures the side it took, so both are probed at the current load:
 
 * until ``warmup`` speculative steps have been seen, and every ``explore_every`` steps served at
   a load (batch-size half-octave) after, ``explore_burst`` steps in a row whose batch leaves room
-  for a draft per request (``2B <= K_max(B)``) get the full ``K_max(B)``, so ``G``, ``F`` and
-  ``t_draft`` keep being measured while the model says not to speculate. Such steps are the dearest there are, so while
+  for a draft per request (``2B <= K_max(B)``) draft, so ``G``, ``F`` and ``t_draft`` keep being
+  measured while the model says not to speculate. These sampling steps take the allowances
+  ``K_max(B)``, then ``D_top / 2``, ``D_top / 4`` ... 1 in turn (``D_top``: the most a tree can
+  spend), so ``G`` is measured where it is steepest: at K_max alone, eight requests drafted seven
+  tokens each, ``G(1)`` was interpolated from the origin to a seventh of ``G(7)``, and one draft
+  per request never looked worth its verify. Such steps are the dearest there are, so while
   explorations keep confirming plain decoding at a load its interval doubles, up to
   ``explore_backoff`` times ``explore_every``; a verdict for drafting there resets it. Each load
   keeps its own schedule, so a batch shrinking through the half-octaves does not restart it;
@@ -71,7 +75,7 @@ and the verdict would favour plain decoding by construction.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -82,44 +86,63 @@ from .kmax import KMax
 class RealisedRates:
     """Committed tokens per request per unit of time, as served, for plain and drafting steps per
     batch-size bucket (half-octaves, as :class:`CostCurve`'s): the A/B test behind the veto in
-    :meth:`CostModelBudget.cap`. Per request, and the budget passes times in units of its
-    predicted plain step at each step's size, so that a bucket's sizes compare: in seconds, a
-    plain step at 76 requests (compute-bound) commits a third fewer tokens per request per second
-    than one at 54 in the same bucket, and a batch shrinking through the bucket drafts only at its
-    smaller sizes (``B < K_max``).
+    :meth:`CostModelBudget.cap`. Per request, and in units of ``unit(B)`` (the budget's predicted
+    plain step at each step's size), so that a bucket's sizes compare: in seconds, a plain step at
+    76 requests (compute-bound) commits a third fewer tokens per request per second than one at
+    54 in the same bucket, and a batch shrinking through the bucket drafts only at its smaller
+    sizes (``B < K_max``).
+
+    Steps are kept in seconds and converted with the unit as it stands when a rate is asked for.
+    The unit is a model still learning: converted when served, the first steps at a new load
+    were divided by a plain step predicted from other sizes (at 8 requests, from one request's
+    curve), were off by a factor of four, and outweighed the later ones for twenty steps.
 
     Single steps are noisy (a CPU step's time varies by a third from one to the next), so each arm
-    remembers about its last 20 steps (``decay``), and the served rates give a verdict only where
-    they differ by more than ``margin``: closer than that they cannot tell the arms apart, and the
+    remembers its last ``window`` steps, and the served rates give a verdict only where they
+    differ by more than ``margin``: closer than that they cannot tell the arms apart, and the
     model decides."""
 
     ARMS = ("plain", "draft")
 
-    def __init__(self, decay: float = 0.95, min_samples: int = 3, margin: float = 0.05) -> None:
-        self.decay, self.min_samples, self.margin = decay, min_samples, margin
-        self._sums: dict[tuple[int, str], list[float]] = {}  # (bucket, arm) -> [w, w tokens/B, w seconds, n]
+    def __init__(
+        self,
+        window: int = 20,
+        min_samples: int = 3,
+        margin: float = 0.05,
+        unit: Optional[Callable[[int], float]] = None,
+    ) -> None:
+        self.window, self.min_samples, self.margin = window, min_samples, margin
+        self.unit = unit or (lambda batch_size: 1.0)  # default: seconds
+        # (bucket, arm) -> its last steps (B, tokens per request, seconds; tokens None: a charge)
+        self._steps: dict[tuple[int, str], deque[tuple[int, Optional[float], float]]] = {}
+
+    def _arm(self, batch_size: int, arm: str) -> deque[tuple[int, Optional[float], float]]:
+        return self._steps.setdefault((half_octave(batch_size), arm), deque(maxlen=self.window))
 
     def add(self, batch_size: int, arm: str, committed: int, seconds: float) -> None:
-        """One step of ``arm`` at ``batch_size`` that committed ``committed`` tokens in ``seconds``
-        (any unit, the same for both arms)."""
-        s = self._sums.setdefault((half_octave(batch_size), arm), [0.0, 0.0, 0.0, 0])
-        for i, v in enumerate((1.0, committed / batch_size, seconds)):
-            s[i] = self.decay * s[i] + v
-        s[3] += 1
+        """One step of ``arm`` at ``batch_size`` that committed ``committed`` tokens in ``seconds``."""
+        self._arm(batch_size, arm).append((batch_size, committed / batch_size, seconds))
 
     def charge(self, batch_size: int, arm: str, seconds: float) -> None:
         """Time ``arm`` cost at this load outside its own steps (no step, no tokens): plain
         decoding's deferred draft extends, caught up by a later drafting step."""
-        self._sums.setdefault((half_octave(batch_size), arm), [0.0, 0.0, 0.0, 0])[2] += seconds
+        self._arm(batch_size, arm).append((batch_size, None, seconds))
 
     def samples(self, batch_size: int, arm: str) -> int:
-        s = self._sums.get((half_octave(batch_size), arm))
-        return 0 if s is None else int(s[3])
+        steps = self._steps.get((half_octave(batch_size), arm), ())
+        return sum(tokens is not None for _, tokens, _ in steps)
 
     def rate(self, batch_size: int, arm: str) -> Optional[float]:
-        """Tokens per second per request (None until ``min_samples`` steps were seen)."""
-        s = self._sums.get((half_octave(batch_size), arm))
-        return s[1] / s[2] if s is not None and s[3] >= self.min_samples and s[2] > 0 else None
+        """Tokens per request per unit (None until ``min_samples`` steps were seen, or while the
+        unit is unknown at one of their sizes)."""
+        if self.samples(batch_size, arm) < self.min_samples:
+            return None
+        steps = self._steps[(half_octave(batch_size), arm)]
+        units = {B: self.unit(B) for B in {B for B, _, _ in steps}}
+        if min(units.values()) <= 0:
+            return None
+        committed = sum(tokens for _, tokens, _ in steps if tokens is not None)
+        return committed / sum(seconds / units[B] for B, _, seconds in steps)
 
     def verdict(self, batch_size: int) -> Optional[str]:
         """The arm that committed more tokens per second at this load by more than ``margin``
@@ -209,7 +232,7 @@ class CostModelBudget:
         self.gain = CostCurve(decay, unit=1 / 8)  # G: accepted drafts per request vs drafted per request
         self.forwards = CostCurve(decay, unit=1 / 8)  # F: draft forwards per step vs drafted per request
         self.spend = CostCurve(decay, unit=1 / 8)  # S: drafted per request vs allowed per request
-        self.rates = RealisedRates()  # the served A/B test of the model's choice
+        self.rates = RealisedRates(unit=lambda B: self.step_seconds(B, 0))  # the served A/B test of the model's choice
         self.spec_steps = 0  # steps that drafted at least one depth
         self.steps = 0
         self._exploring: dict[int, Exploring] = {}  # batch-size bucket -> its exploration schedule
@@ -217,6 +240,7 @@ class CostModelBudget:
         self._reason: Optional[str] = None  # why this step's side was chosen (one of REASONS)
         self._drafted_last = False  # whether the last step observed drafted (the next is no transition)
         self._probe_follow_up: Optional[int] = None  # the load whose drafting probe drafts once more
+        self._sampled = -1  # warm-up and exploration steps so far (the allowance each takes in turn)
         # (B, drafted, arm, step seconds, catch-up seconds)
         self._pending: deque[tuple[int, float, Optional[str], float, float]] = deque(maxlen=8)
 
@@ -266,7 +290,7 @@ class CostModelBudget:
         return max(range(len(rates)), key=lambda d: (rates[d], -d))  # ties: the shallower
 
     # -- the worker's calls ----------------------------------------------------------------------
-    # Why a step drafted or not: ``warmup`` / ``explore`` (K_max steps that keep the model
+    # Why a step drafted or not: ``warmup`` / ``explore`` (sampling steps that keep the model
     # measuring), ``model`` (the cost model chose), ``measured`` (the served rates chose),
     # ``probe`` (the side not chosen, sampled), ``full`` (B >= K_max: no room to draft).
     REASONS = ("warmup", "explore", "model", "measured", "probe", "full")
@@ -279,20 +303,20 @@ class CostModelBudget:
         if B >= k_max:  # the roots alone fill K_max: a plain step whatever the model says
             self._arm, self._reason = "plain", "full"
             return k_max
-        self._arm, self._reason = "draft", "warmup"  # warm-up and explorations draft at K_max: drafting samples
+        self._arm, self._reason = "draft", "warmup"  # warm-up and explorations: drafting samples
         # Both wait for a batch with room for a draft per request: with less they measure little,
         # and still pay the lazy extend's catch-up for every request (B x its backlog pairs).
         explore = None if 2 * B > k_max else self._exploring.setdefault(half_octave(B), Exploring(self.explore_every))
         if explore is not None:
             explore.since += 1
             if self.spec_steps < self.warmup:
-                return k_max
+                return self._sampling_cap(B, k_max)
             if explore.since >= explore.gap:
                 explore.since, explore.judging, explore.left = 0, True, self.explore_burst
             if explore.left > 0:
                 explore.left -= 1
                 self._reason = "explore"
-                return k_max
+                return self._sampling_cap(B, k_max)
         depth = self.best_depth(B)
         verdict = self.rates.verdict(B)  # the served A/B test overrules the model, either way
         drafting = verdict == "draft" if verdict is not None else depth > 0
@@ -326,6 +350,14 @@ class CostModelBudget:
             else:
                 hi = mid - 1
         return lo
+
+    def _sampling_cap(self, B: int, k_max: int) -> int:
+        """A warm-up or exploration step's cap: ``K_max(B)``, then the allowances ``D_top / 2``,
+        ``D_top / 4`` ... 1 per request in turn (module docstring)."""
+        top = min((k_max - B) // B, self.max_drafts)
+        rungs = [k_max] + [B * (1 + (top >> i)) for i in range(1, top.bit_length())]
+        self._sampled += 1
+        return rungs[self._sampled % len(rungs)]
 
     def explain(self, batch_size: int) -> str:
         """The model's and the served rates' view of this load, one line (for a log): expected
@@ -411,11 +443,9 @@ class CostModelBudget:
         batch_size, drafted, arm, step_s, catch_up_s = self._pending.popleft()
         if batch_size != len(accepted_drafts):
             return  # not the batch that step drafted for: nothing to learn from it
-        plain_s = self.step_seconds(batch_size, 0)  # the unit that makes the bucket's sizes compare
-        if plain_s > 0:
-            if arm is not None:  # None: no side decided, or a transition (module docstring)
-                self.rates.add(batch_size, arm, batch_size + sum(accepted_drafts), step_s / plain_s)
-            if catch_up_s > 0:  # plain decoding's deferred extends, whoever caught them up
-                self.rates.charge(batch_size, "plain", catch_up_s / plain_s)
+        if arm is not None:  # None: no side decided, or a transition (module docstring)
+            self.rates.add(batch_size, arm, batch_size + sum(accepted_drafts), step_s)
+        if catch_up_s > 0:  # plain decoding's deferred extends, whoever caught them up
+            self.rates.charge(batch_size, "plain", catch_up_s)
         if drafted > 0:
             self.gain.add(drafted, sum(accepted_drafts) / batch_size)

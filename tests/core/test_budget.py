@@ -91,19 +91,31 @@ def test_tokens_below_the_knee_are_free():
     assert 1 <= d < 4 and 2 * (1 + d) < budget.cap(2) <= 16 + 1  # 2% of a ~80 ms step buys < 1 token past 16
 
 
-def test_warmup_and_exploration_use_the_full_k_max():
-    """Explorations run K_max; while each is followed by plain decoding at the same load, the gap
-    to the next doubles (4, 8, 16 = explore_backoff x explore_every); another load has its own."""
+def test_warmup_and_explorations_draft_until_the_gap_backs_off():
+    """Warm-up and explorations draft; while each is followed by plain decoding at the same load,
+    the gap to the next doubles (4, 8, 16 = explore_backoff x explore_every); another load has its own."""
     budget = CostModelBudget(k_max=48, max_depth=3, warmup=3, explore_every=4, explore_backoff=4, explore_burst=1)
-    assert [budget.cap(16) for _ in range(3)] == [48, 48, 48]  # nothing measured yet
+    assert [budget.cap(16) for _ in range(3)] == [48, 32, 48]  # nothing measured yet: K_max, then 1 per request
     feed(budget, steps=3, B=16, depth=1, accept=[0.05], verify=lambda K: 0.05 + 0.01 * K, draft_per_depth=0.05)
     caps = [budget.cap(16) for _ in range(32)]  # calls 4..35: drafting does not pay, so plain between
-    assert set(caps) == {16, 48}
-    assert [4 + i for i, k in enumerate(caps) if k == 48] == [4, 12, 28]
+    assert set(caps) == {16, 32, 48}
+    assert [4 + i for i, k in enumerate(caps) if k > 16] == [4, 12, 28]
     assert budget.explore_gap(16) == 16
     caps = [budget.cap(4) for _ in range(5)]  # calls 36..40: batch 4, another load
-    assert caps == [4, 4, 4, 48, 4] and budget.explore_gap(4) == 8  # explored on its 4th step, then judged
+    assert [k > 4 for k in caps] == [False, False, False, True, False] and budget.explore_gap(4) == 8
     assert budget.explore_gap(16) == 16  # batch 16 keeps its backed-off schedule
+
+
+def test_sampling_steps_take_the_allowances_in_turn():
+    """Warm-up and exploration caps cycle K_max, D_top / 2, D_top / 4 ... 1 per request, so the
+    model measures acceptance at the small allowances too (``D_top``: what K_max leaves per
+    request, at most the widest tree's ``max_drafts``)."""
+    budget = CostModelBudget(k_max=64, max_depth=4, warmup=8, max_drafts=13)
+    assert [budget.cap(1) for _ in range(8)] == [64, 7, 4, 2] * 2  # D_top 13: 6, 3, 1 drafts
+    budget = CostModelBudget(k_max=64, max_depth=4, warmup=8, max_drafts=13)
+    assert [budget.cap(8) for _ in range(4)] == [64, 32, 16, 64]  # D_top 7: 3, 1 drafts
+    budget = CostModelBudget(k_max=64, max_depth=4, warmup=8, max_drafts=13)
+    assert [budget.cap(32) for _ in range(2)] == [64, 64]  # room for one draft per request only
 
 
 def test_a_shrinking_batch_keeps_each_loads_exploration_schedule():
@@ -112,7 +124,7 @@ def test_a_shrinking_batch_keeps_each_loads_exploration_schedule():
     restarting one shared schedule."""
     budget = CostModelBudget(k_max=48, max_depth=3, warmup=0, explore_every=4, explore_backoff=4, explore_burst=1)
     feed(budget, steps=3, B=16, depth=1, accept=[0.05], verify=lambda K: 0.05 + 0.01 * K, draft_per_depth=0.05)
-    explored = [sum(budget.cap(B) == 48 for B in range(24, 0, -1)) for _ in range(12)]
+    explored = [sum(budget.cap(B) > B for B in range(24, 0, -1)) for _ in range(12)]
     # 24 steps per wave over 10 half-octaves; the three with 4 or more (24-20, 19-14, 13-10)
     # explore in the first wave. One shared schedule, restarted at every half-octave, explored
     # 4 times in every wave (48).
@@ -222,7 +234,7 @@ def test_an_exploration_is_a_burst_whose_first_step_measures_no_drafting_cost():
         budget.observe_accept([1] * B if drafting else [0] * B)
         caps.append(cap)
         reasons.append(decision[1])
-        plain_charged.append(budget.rates._sums.get((half_octave(B), "plain"), [0, 0, 0])[2])
+        plain_charged.append(sum(s for _, _, s in budget.rates._steps.get((half_octave(B), "plain"), ())))
     assert reasons[6:11] == ["model", "explore", "explore", "explore", "model"]
     assert budget.draft.predict(B) == pytest.approx(0.005)  # the steady steps' 10 ms over 2 forwards
     assert budget.rates.samples(B, "draft") == sum(c > B for c in caps) - 1  # all but the transition
@@ -488,6 +500,24 @@ def test_deferred_extends_are_charged_to_plain_decoding():
     assert naive.rates.verdict(5) == "plain"
     assert sum(_serve_with_lazy_extend(charged, 1200, report_catch_up=True, slow_steps=300)[-200:]) >= 160
     assert charged.rates.verdict(5) == "draft"
+
+
+def test_served_rates_are_converted_with_the_unit_as_it_stands():
+    """Steps are kept in seconds and converted with the current unit. At a new load the budget's
+    plain step is first predicted from other loads (here 4x the real 40 ms at 8 requests);
+    converted when served, the drafting steps taken then would look four times faster and win
+    the verdict for the next twenty steps, although they commit 1.6 tokens per request in 2.9
+    plain steps."""
+    plain_step = {8: 0.160}
+    rates = RealisedRates(unit=lambda B: plain_step[B])
+    for _ in range(3):
+        rates.add(8, "draft", 13, 0.115)
+    plain_step[8] = 0.040  # the model has measured this load
+    for _ in range(3):
+        rates.add(8, "plain", 8, 0.040)
+    assert rates.rate(8, "plain") == pytest.approx(1.0)
+    assert rates.rate(8, "draft") == pytest.approx((13 / 8) / (0.115 / 0.040))
+    assert rates.verdict(8) == "plain"
 
 
 def test_served_rates_within_their_noise_leave_the_choice_to_the_model():
