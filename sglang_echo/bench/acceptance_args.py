@@ -86,7 +86,7 @@ def parser(description: str = "") -> Parser:
     add("--max-depth", type=positive_int, default=8, help="draft depth of echo & co. and of the static tree")
     add("--topk", type=positive_int, default=10, help="static tree")
     add("--total-tokens", type=at_least(2), default=60, help="static tree, root included")
-    add("--w-def", type=positive_int, default=1, help="ECHO's default width")
+    add("--w-def", type=positive_int, default=None, help="ECHO's default width (default: half of --w-max, as served)")
     add("--w-max", type=positive_int, default=4, help="ECHO's widest expansion")
     add(
         "--calibration",
@@ -130,7 +130,7 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
         cfg = PolicyConfig(
             k_max=args.k_max or 8 * args.batch,
             max_depth=args.max_depth,
-            w_def=args.w_def,
+            w_def=args.w_def or max(1, args.w_max // 2),
             w_max=args.w_max,
             topk=args.topk,
             total_tokens=args.total_tokens,

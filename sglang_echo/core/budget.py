@@ -47,7 +47,11 @@ measures the side it took, so both are probed at the current load:
   keeps its own schedule, so a batch shrinking through the half-octaves does not restart it;
 * while the model says to speculate, every ``plain_every``-th step is plain, so ``T_verify(B)``
   and ``t_rest(B)`` are measured where the alternative would run; while the served rates say
-  plain and the model does not, every ``plain_every``-th step and the one after it draft.
+  plain and the model does not, every ``plain_every``-th step and the one after it draft. Where
+  drafting commits more than ``1 + RealisedRates.decisive`` times plain decoding's served rate
+  (1.4 times at one request here) a plain probe comes every ``4 * plain_every`` steps: each costs
+  what drafting would have gained, the verdict is not in doubt, and a plain step's cost hardly
+  changes with the workload. Drafting's side, which does, keeps the shorter period when it loses.
 
 The model predicts; :class:`RealisedRates` checks. The plain probes and the drafting steps
 around them are an A/B test of the model's choice at the current load: the tokens each step
@@ -100,7 +104,7 @@ class RealisedRates:
     Single steps are noisy (a CPU step's time varies by a third from one to the next), so each arm
     remembers its last ``window`` steps, and the served rates give a verdict only where they
     differ by more than ``margin``: closer than that they cannot tell the arms apart, and the
-    model decides."""
+    model decides. Past ``decisive`` for drafting the budget probes plain decoding less often."""
 
     ARMS = ("plain", "draft")
 
@@ -109,9 +113,10 @@ class RealisedRates:
         window: int = 20,
         min_samples: int = 3,
         margin: float = 0.05,
+        decisive: float = 0.25,
         unit: Optional[Callable[[int], float]] = None,
     ) -> None:
-        self.window, self.min_samples, self.margin = window, min_samples, margin
+        self.window, self.min_samples, self.margin, self.decisive = window, min_samples, margin, decisive
         self.unit = unit or (lambda batch_size: 1.0)  # default: seconds
         # (bucket, arm) -> its last steps (B, tokens per request, seconds; tokens None: a charge)
         self._steps: dict[tuple[int, str], deque[tuple[int, Optional[float], float]]] = {}
@@ -144,15 +149,16 @@ class RealisedRates:
         committed = sum(tokens for _, tokens, _ in steps if tokens is not None)
         return committed / sum(seconds / units[B] for B, _, seconds in steps)
 
-    def verdict(self, batch_size: int) -> Optional[str]:
+    def verdict(self, batch_size: int, margin: Optional[float] = None) -> Optional[str]:
         """The arm that committed more tokens per second at this load by more than ``margin``
-        (None until both are measured, or while they are that close)."""
+        (default ``self.margin``; None until both are measured, or while they are that close)."""
         plain, draft = self.rate(batch_size, "plain"), self.rate(batch_size, "draft")
+        margin = self.margin if margin is None else margin
         if plain is None or draft is None:
             return None
-        if draft > plain * (1 + self.margin):
+        if draft > plain * (1 + margin):
             return "draft"
-        return "plain" if plain > draft * (1 + self.margin) else None
+        return "plain" if plain > draft * (1 + margin) else None
 
 
 @dataclass
@@ -383,10 +389,13 @@ class CostModelBudget:
 
     def _probing(self, batch_size: int) -> bool:
         """Whether this step runs the side the decision did not pick: every ``plain_every``-th
-        step (off the exploration steps), every 4th while that side has too few samples here."""
+        step (off the exploration steps), every 4th while that side has too few samples here,
+        every ``4 * plain_every``-th plain one while drafting clearly pays."""
         every = self.plain_every
         if min(self.rates.samples(batch_size, arm) for arm in RealisedRates.ARMS) < self.rates.min_samples:
             every = min(every, 4)
+        elif self.rates.verdict(batch_size, self.rates.decisive) == "draft":
+            every *= 4  # plain decoding's probes, while drafting clearly pays (module docstring)
         return self.steps % every == every // 2
 
     def observe_step(
