@@ -78,6 +78,7 @@ and the verdict would favour plain decoding by construction.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -114,9 +115,11 @@ class RealisedRates:
         min_samples: int = 3,
         margin: float = 0.05,
         decisive: float = 0.25,
+        outlier: float = 4.0,
         unit: Optional[Callable[[int], float]] = None,
     ) -> None:
         self.window, self.min_samples, self.margin, self.decisive = window, min_samples, margin, decisive
+        self.outlier = outlier
         self.unit = unit or (lambda batch_size: 1.0)  # default: seconds
         # (bucket, arm) -> its last steps (B, tokens per request, seconds; tokens None: a charge)
         self._steps: dict[tuple[int, str], deque[tuple[int, Optional[float], float]]] = {}
@@ -139,15 +142,18 @@ class RealisedRates:
 
     def rate(self, batch_size: int, arm: str) -> Optional[float]:
         """Tokens per request per unit (None until ``min_samples`` steps were seen, or while the
-        unit is unknown at one of their sizes)."""
+        unit is unknown at one of their sizes). A step ``outlier`` times the arm's median time is
+        left out: a cold one (:class:`CostCurve`'s ``outlier``), not what the arm costs."""
         if self.samples(batch_size, arm) < self.min_samples:
             return None
         steps = self._steps[(half_octave(batch_size), arm)]
         units = {B: self.unit(B) for B in {B for B, _, _ in steps}}
         if min(units.values()) <= 0:
             return None
-        committed = sum(tokens for _, tokens, _ in steps if tokens is not None)
-        return committed / sum(seconds / units[B] for B, _, seconds in steps)
+        timed = [(tokens, seconds / units[B]) for B, tokens, seconds in steps]
+        typical = statistics.median(t for tokens, t in timed if tokens is not None)
+        kept = [(tokens, t) for tokens, t in timed if tokens is None or t <= self.outlier * typical]
+        return sum(tokens for tokens, _ in kept if tokens is not None) / sum(t for _, t in kept)
 
     def verdict(self, batch_size: int, margin: Optional[float] = None) -> Optional[str]:
         """The arm that committed more tokens per second at this load by more than ``margin``
@@ -232,9 +238,9 @@ class CostModelBudget:
         self.warmup, self.explore_every, self.plain_every, self.decay = warmup, explore_every, plain_every, decay
         self.explore_backoff, self.explore_burst = explore_backoff, explore_burst
         self.free_share = free_share  # verify time a step may add for free tokens (see cap)
-        self.verify = CostCurve(decay)  # seconds vs target tokens
-        self.draft = CostCurve(decay)  # seconds per draft forward vs batch size
-        self.rest = CostCurve(decay)  # rest of the step vs batch size
+        self.verify = CostCurve(decay, outlier=4.0)  # seconds vs target tokens
+        self.draft = CostCurve(decay, outlier=4.0)  # seconds per draft forward vs batch size
+        self.rest = CostCurve(decay)  # rest of the step vs batch size (a few ms, often near 0: no outlier bound)
         self.gain = CostCurve(decay, unit=1 / 8)  # G: accepted drafts per request vs drafted per request
         self.forwards = CostCurve(decay, unit=1 / 8)  # F: draft forwards per step vs drafted per request
         self.spend = CostCurve(decay, unit=1 / 8)  # S: drafted per request vs allowed per request

@@ -461,7 +461,7 @@ def _serve_with_lazy_extend(
     budget: CostModelBudget, steps: int, *, report_catch_up: bool, slow_steps: int
 ) -> list[bool]:
     """B = 5 requests; a plain step takes 30 ms and defers its draft extend, a drafting step
-    (depth 2, 0.8 accepted per request) takes 50 ms (90 ms during the first ``slow_steps``: a
+    (depth 2, 0.8 accepted per request) takes 50 ms (80 ms during the first ``slow_steps``: a
     phase where drafting does not pay) plus 4 ms per plain step since the last drafting one, the
     catch-up of the extends they deferred. After that phase drafting pays: 1.8 tokens per request
     in 50 ms against 1 in 34 ms once plain decoding's extends are counted. Returns which steps drafted."""
@@ -471,7 +471,7 @@ def _serve_with_lazy_extend(
         drafting = cap > B
         catch_up = 0.004 * deferred if drafting else 0.0
         deferred = 0 if drafting else deferred + 1
-        own = 0.090 if step < slow_steps else 0.050
+        own = 0.080 if step < slow_steps else 0.050
         budget.observe_step(
             batch_size=B,
             target_tokens=3 * B if drafting else B,
@@ -520,6 +520,17 @@ def test_served_rates_are_converted_with_the_unit_as_it_stands():
     assert rates.rate(8, "plain") == pytest.approx(1.0)
     assert rates.rate(8, "draft") == pytest.approx((13 / 8) / (0.115 / 0.040))
     assert rates.verdict(8) == "plain"
+
+
+def test_a_cold_step_is_left_out_of_the_served_rates():
+    """A step four times its arm's median time (a cold one) does not count."""
+    rates = RealisedRates()
+    rates.add(1, "draft", 2, 3.5)  # the server's first drafting step
+    for _ in range(4):
+        rates.add(1, "draft", 2, 0.050)
+        rates.add(1, "plain", 1, 0.035)
+    assert rates.rate(1, "draft") == pytest.approx(2 / 0.050)
+    assert rates.verdict(1) == "draft"
 
 
 def test_served_rates_within_their_noise_leave_the_choice_to_the_model():

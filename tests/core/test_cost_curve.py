@@ -54,3 +54,18 @@ def test_one_slow_step_does_not_raise_every_larger_size():
     assert rest.predict(1) == pytest.approx(0.007) and rest.predict(2) == rest.predict(8)
     assert isotonic([1.0, 3.0, 2.0, 4.0], [1.0, 1.0, 1.0, 1.0]) == [1.0, 2.5, 2.5, 4.0]
     assert isotonic([5.0, 1.0], [1.0, 3.0]) == [2.0, 2.0]
+
+
+def test_timings_bound_outliers_and_restart_a_cold_bucket():
+    """A process's first steps run cold (3-4 s against 40 ms): a bucket seeded by one restarts at
+    the first sample four times below its mean, and a later spike counts as four times the mean."""
+    curve = CostCurve(outlier=4.0)
+    curve.add(8, 3.5)  # cold
+    curve.add(8, 0.040)
+    assert curve.predict(8) == pytest.approx(0.040)
+    curve.add(8, 0.400)  # a spike: counted as 0.16
+    assert curve.predict(8) == pytest.approx((0.98 * 0.040 + 0.160) / 1.98)
+    plain = CostCurve()  # gains and counts: no bound
+    plain.add(8, 3.5)
+    plain.add(8, 0.040)
+    assert plain.predict(8) > 1.0
