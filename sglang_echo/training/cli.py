@@ -375,6 +375,11 @@ def _train(args) -> None:
         )
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
+    if report.get("curve"):
+        from .learning_curve import plot
+
+        if figure := plot(report["curve"], args.out / "learning_curve.png", title=f"{args.kind} on {target.name}"):
+            print(f"[train] learning curve: {figure}")
 
 
 if __name__ == "__main__":
