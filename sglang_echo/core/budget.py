@@ -121,39 +121,43 @@ class RealisedRates:
         self.window, self.min_samples, self.margin, self.decisive = window, min_samples, margin, decisive
         self.outlier = outlier
         self.unit = unit or (lambda batch_size: 1.0)  # default: seconds
-        # (bucket, arm) -> its last steps (B, tokens per request, seconds; tokens None: a charge)
-        self._steps: dict[tuple[int, str], deque[tuple[int, Optional[float], float]]] = {}
+        # (bucket, arm) -> its last steps: [B, tokens per request, seconds, seconds charged to it]
+        self._steps: dict[tuple[int, str], deque[list]] = {}
 
-    def _arm(self, batch_size: int, arm: str) -> deque[tuple[int, Optional[float], float]]:
+    def _arm(self, batch_size: int, arm: str) -> deque[list]:
         return self._steps.setdefault((half_octave(batch_size), arm), deque(maxlen=self.window))
 
     def add(self, batch_size: int, arm: str, committed: int, seconds: float) -> None:
         """One step of ``arm`` at ``batch_size`` that committed ``committed`` tokens in ``seconds``."""
-        self._arm(batch_size, arm).append((batch_size, committed / batch_size, seconds))
+        self._arm(batch_size, arm).append([batch_size, committed / batch_size, seconds, 0.0])
 
     def charge(self, batch_size: int, arm: str, seconds: float) -> None:
         """Time ``arm`` cost at this load outside its own steps (no step, no tokens): plain
-        decoding's deferred draft extends, caught up by a later drafting step."""
-        self._arm(batch_size, arm).append((batch_size, None, seconds))
+        decoding's deferred draft extends, caught up by a later drafting step. It goes to the
+        arm's latest step here, and leaves the window with it (as a step of its own, one charge
+        after every plain probe pushed the plain steps out); with no step here it is dropped."""
+        steps = self._steps.get((half_octave(batch_size), arm))
+        if steps:
+            steps[-1][3] += seconds
 
     def samples(self, batch_size: int, arm: str) -> int:
-        steps = self._steps.get((half_octave(batch_size), arm), ())
-        return sum(tokens is not None for _, tokens, _ in steps)
+        return len(self._steps.get((half_octave(batch_size), arm), ()))
 
     def rate(self, batch_size: int, arm: str) -> Optional[float]:
         """Tokens per request per unit (None until ``min_samples`` steps were seen, or while the
         unit is unknown at one of their sizes). A step ``outlier`` times the arm's median time is
-        left out: a cold one (:class:`CostCurve`'s ``outlier``), not what the arm costs."""
+        left out, with what was charged to it: a cold one (:class:`CostCurve`'s ``outlier``), not
+        what the arm costs."""
         if self.samples(batch_size, arm) < self.min_samples:
             return None
         steps = self._steps[(half_octave(batch_size), arm)]
-        units = {B: self.unit(B) for B in {B for B, _, _ in steps}}
+        units = {B: self.unit(B) for B in {B for B, *_ in steps}}
         if min(units.values()) <= 0:
             return None
-        timed = [(tokens, seconds / units[B]) for B, tokens, seconds in steps]
-        typical = statistics.median(t for tokens, t in timed if tokens is not None)
-        kept = [(tokens, t) for tokens, t in timed if tokens is None or t <= self.outlier * typical]
-        return sum(tokens for tokens, _ in kept if tokens is not None) / sum(t for _, t in kept)
+        typical = statistics.median(seconds / units[B] for B, _, seconds, _ in steps)
+        kept = [step for step in steps if step[2] / units[step[0]] <= self.outlier * typical]
+        committed = sum(tokens for _, tokens, _, _ in kept)
+        return committed / sum((seconds + charged) / units[B] for B, _, seconds, charged in kept)
 
     def verdict(self, batch_size: int, margin: Optional[float] = None) -> Optional[str]:
         """The arm that committed more tokens per second at this load by more than ``margin``

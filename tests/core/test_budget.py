@@ -236,7 +236,7 @@ def test_an_exploration_is_a_burst_whose_first_step_measures_no_drafting_cost():
         budget.observe_accept([1] * B if drafting else [0] * B)
         caps.append(cap)
         reasons.append(decision[1])
-        plain_charged.append(sum(s for _, _, s in budget.rates._steps.get((half_octave(B), "plain"), ())))
+        plain_charged.append(sum(s + c for _, _, s, c in budget.rates._steps.get((half_octave(B), "plain"), ())))
     assert reasons[6:11] == ["model", "explore", "explore", "explore", "model"]
     assert budget.draft.predict(B) == pytest.approx(0.005)  # the steady steps' 10 ms over 2 forwards
     assert budget.rates.samples(B, "draft") == sum(c > B for c in caps) - 1  # all but the transition
@@ -531,6 +531,18 @@ def test_a_cold_step_is_left_out_of_the_served_rates():
         rates.add(1, "plain", 1, 0.035)
     assert rates.rate(1, "draft") == pytest.approx(2 / 0.050)
     assert rates.verdict(1) == "draft"
+
+
+def test_charges_ride_on_their_arms_steps():
+    """A catch-up after every plain probe is charged to plain decoding without pushing its steps
+    out of the window (as entries of their own, twenty charges left one plain step in it)."""
+    rates = RealisedRates(window=4)
+    rates.charge(1, "plain", 1.0)  # no plain step here yet: dropped
+    for _ in range(6):
+        rates.add(1, "plain", 1, 0.035)
+        rates.charge(1, "plain", 0.005)
+    assert rates.samples(1, "plain") == 4
+    assert rates.rate(1, "plain") == pytest.approx(1 / 0.040)
 
 
 def test_served_rates_within_their_noise_leave_the_choice_to_the_model():
