@@ -159,10 +159,20 @@ class RealisedRates:
         committed = sum(tokens for _, tokens, _, _ in kept)
         return committed / sum((seconds + charged) / units[B] for B, _, seconds, charged in kept)
 
-    def verdict(self, batch_size: int, margin: Optional[float] = None) -> Optional[str]:
+    def arms(self, batch_size: int) -> tuple[Optional[float], Optional[float]]:
+        """``(plain, draft)`` rates at this load, for several verdicts on one step's figures."""
+        return self.rate(batch_size, "plain"), self.rate(batch_size, "draft")
+
+    def verdict(
+        self,
+        batch_size: int,
+        margin: Optional[float] = None,
+        arms: Optional[tuple[Optional[float], Optional[float]]] = None,
+    ) -> Optional[str]:
         """The arm that committed more tokens per second at this load by more than ``margin``
-        (default ``self.margin``; None until both are measured, or while they are that close)."""
-        plain, draft = self.rate(batch_size, "plain"), self.rate(batch_size, "draft")
+        (default ``self.margin``; None until both are measured, or while they are that close);
+        ``arms``: :meth:`arms` at this load, when the caller has them."""
+        plain, draft = arms or self.arms(batch_size)
         margin = self.margin if margin is None else margin
         if plain is None or draft is None:
             return None
@@ -334,7 +344,8 @@ class CostModelBudget:
                 self._reason = "explore"
                 return self._sampling_cap(B, k_max)
         depth = self.best_depth(B)
-        verdict = self.rates.verdict(B)  # the served A/B test overrules the model, either way
+        arms = self.rates.arms(B)  # once a step: each rate converts its window's steps
+        verdict = self.rates.verdict(B, arms=arms)  # the served A/B test overrules the model, either way
         drafting = verdict == "draft" if verdict is not None else depth > 0
         self._reason = "model" if verdict is None else "measured"
         if explore is not None:
@@ -342,7 +353,7 @@ class CostModelBudget:
         follow_up, self._probe_follow_up = self._probe_follow_up == half_octave(B), None
         if follow_up and not drafting:  # a drafting probe's second step: its first was a transition
             self._reason, drafting = "probe", True
-        elif (depth > 0 or drafting) and self._probing(B):
+        elif (depth > 0 or drafting) and self._probing(B, arms):
             drafting, self._reason = not drafting, "probe"  # the other side's probe (module docstring)
             if drafting:
                 self._probe_follow_up = half_octave(B)
@@ -397,14 +408,14 @@ class CostModelBudget:
         explore = self._exploring.get(half_octave(batch_size))
         return self.explore_every if explore is None else explore.gap
 
-    def _probing(self, batch_size: int) -> bool:
+    def _probing(self, batch_size: int, arms: tuple[Optional[float], Optional[float]]) -> bool:
         """Whether this step runs the side the decision did not pick: every ``plain_every``-th
         step (off the exploration steps), every 4th while that side has too few samples here,
         every ``4 * plain_every``-th plain one while drafting clearly pays."""
         every = self.plain_every
         if min(self.rates.samples(batch_size, arm) for arm in RealisedRates.ARMS) < self.rates.min_samples:
             every = min(every, 4)
-        elif self.rates.verdict(batch_size, self.rates.decisive) == "draft":
+        elif self.rates.verdict(batch_size, self.rates.decisive, arms) == "draft":
             every *= 4  # plain decoding's probes, while drafting clearly pays (module docstring)
         return self.steps % every == every // 2
 
