@@ -105,7 +105,13 @@ class RealisedRates:
     Single steps are noisy (a CPU step's time varies by a third from one to the next), so each arm
     remembers its last ``window`` steps, and the served rates give a verdict only where they
     differ by more than ``margin``: closer than that they cannot tell the arms apart, and the
-    model decides. Past ``decisive`` for drafting the budget probes plain decoding less often."""
+    model decides. Past ``decisive`` for drafting the budget probes plain decoding less often.
+
+    A load left for more than ``stale`` steps starts its test afresh (:meth:`visit`): its steps
+    describe another time. Served again after a level at one request, a load's only plain steps
+    were the server's first, taken cold while its neighbours started; converted with today's
+    unit they ran at 0.63 plain steps against drafting's 0.83, and 65 steps drafted at half
+    plain decoding's speed until fresh plain steps outvoted them."""
 
     ARMS = ("plain", "draft")
 
@@ -116,13 +122,26 @@ class RealisedRates:
         margin: float = 0.05,
         decisive: float = 0.25,
         outlier: float = 4.0,
+        stale: int = 256,
         unit: Optional[Callable[[int], float]] = None,
     ) -> None:
         self.window, self.min_samples, self.margin, self.decisive = window, min_samples, margin, decisive
-        self.outlier = outlier
+        self.outlier, self.stale = outlier, stale
         self.unit = unit or (lambda batch_size: 1.0)  # default: seconds
         # (bucket, arm) -> its last steps: [B, tokens per request, seconds, seconds charged to it]
         self._steps: dict[tuple[int, str], deque[list]] = {}
+        self._clock = 0  # steps visited
+        self._visited: dict[int, int] = {}  # bucket -> the clock at its last step
+
+    def visit(self, batch_size: int) -> None:
+        """A step is served at this load: its bucket's steps are forgotten if it was left for more
+        than ``stale`` steps (the class docstring)."""
+        self._clock += 1
+        bucket = half_octave(batch_size)
+        if self._clock - self._visited.get(bucket, self._clock) > self.stale:
+            for arm in self.ARMS:
+                self._steps.pop((bucket, arm), None)
+        self._visited[bucket] = self._clock
 
     def _arm(self, batch_size: int, arm: str) -> deque[list]:
         return self._steps.setdefault((half_octave(batch_size), arm), deque(maxlen=self.window))
@@ -325,6 +344,7 @@ class CostModelBudget:
         """This step's verification cap, roots included (``<= max(K_max(B), B)``)."""
         self.steps += 1
         B = batch_size
+        self.rates.visit(B)
         k_max = self.k_max(B)
         if B >= k_max:  # the roots alone fill K_max: a plain step whatever the model says
             self._arm, self._reason = "plain", "full"

@@ -1,10 +1,10 @@
-"""The cost-model budget: its decision, its served A/B test, and the per-step cap it hands
-build_trees (its measured curves: test_cost_curve.py)."""
+"""The cost-model budget: its decision and the per-step cap it hands build_trees (its measured
+curves: test_cost_curve.py; its served A/B test: test_served_rates.py)."""
 
 import pytest
 import torch
 
-from sglang_echo.core.budget import CostModelBudget, RealisedRates
+from sglang_echo.core.budget import CostModelBudget
 from sglang_echo.core.cost_curve import half_octave
 from sglang_echo.core.factory import PolicyConfig, make_policy
 from sglang_echo.core.policy import build_trees
@@ -423,144 +423,6 @@ def test_warmup_and_explorations_wait_for_room_to_draft():
     assert [step(B) for B in (128, 64, 64, 64, 64)] == [(64, ("plain", "full"))] * 5  # steps 1..5, exploration due
     assert step(40) == (40, ("plain", "model"))  # room for 24 drafts among 40 requests: not enough to measure
     assert step(32) == (64, ("draft", "warmup"))  # a draft per request: the warm-up starts
-
-
-def test_served_rates_compare_the_sizes_of_a_bucket_fairly():
-    """Compute-bound verify (10 ms a token): plain steps served at 76 requests, drafting ones at
-    54 (the same half-octave; a shrinking batch only drafts below K_max). Per second, drafting
-    looks 24% faster per request only because its batch is smaller; in units of the predicted
-    plain step at each size it commits 12% less, and the served verdict is plain decoding."""
-    budget = CostModelBudget(k_max=64, max_depth=3, warmup=0, explore_every=10**6)
-
-    def serve(B: int, arm: str, drafted: int, accepted: int, draft_s: float) -> None:
-        budget._arm = arm  # as cap() would have decided (the test picks each step's side)
-        verify_s = 0.01 * (B + drafted)
-        budget.observe_step(
-            batch_size=B,
-            target_tokens=B + drafted,
-            verified_tokens=B + drafted,
-            draft_forwards=int(drafted > 0),
-            draft_s=draft_s,
-            verify_s=verify_s,
-            step_s=verify_s + draft_s,
-        )
-        budget.observe_accept([1] * accepted + [0] * (B - accepted))
-
-    for _ in range(4):
-        serve(76, "plain", 0, 0, 0.0)
-        serve(54, "draft", 11, 5, 0.02)  # a transition: not measured
-        serve(54, "draft", 11, 5, 0.02)
-    per_second = {"plain": 1 / 0.76, "draft": (59 / 54) / 0.67}
-    assert per_second["draft"] > 1.2 * per_second["plain"]  # what seconds alone would conclude
-    assert budget.rates.rate(54, "draft") == pytest.approx((59 / 54) / (0.67 / 0.54), rel=0.02)
-    assert budget.rates.rate(76, "plain") == pytest.approx(1.0, rel=0.02)
-    assert budget.rates.verdict(54) == budget.rates.verdict(76) == "plain"
-
-
-def _serve_with_lazy_extend(
-    budget: CostModelBudget, steps: int, *, report_catch_up: bool, slow_steps: int
-) -> list[bool]:
-    """B = 5 requests; a plain step takes 30 ms and defers its draft extend, a drafting step
-    (depth 2, 0.8 accepted per request) takes 50 ms (80 ms during the first ``slow_steps``: a
-    phase where drafting does not pay) plus 4 ms per plain step since the last drafting one, the
-    catch-up of the extends they deferred. After that phase drafting pays: 1.8 tokens per request
-    in 50 ms against 1 in 34 ms once plain decoding's extends are counted. Returns which steps drafted."""
-    B, deferred, drafted_steps = 5, 0, []
-    for step in range(steps):
-        cap = budget.cap(B)
-        drafting = cap > B
-        catch_up = 0.004 * deferred if drafting else 0.0
-        deferred = 0 if drafting else deferred + 1
-        own = 0.080 if step < slow_steps else 0.050
-        budget.observe_step(
-            batch_size=B,
-            target_tokens=3 * B if drafting else B,
-            verified_tokens=3 * B if drafting else B,
-            draft_forwards=2 if drafting else 0,
-            draft_s=own - 0.038 + catch_up if drafting else 0.0,
-            verify_s=0.036 if drafting else 0.028,
-            step_s=(own + catch_up) if drafting else 0.030,
-            cap=cap,
-            catch_up_s=catch_up if report_catch_up else 0.0,
-        )
-        budget.observe_accept([1, 1, 1, 1, 0] if drafting else [0] * B)
-        drafted_steps.append(drafting)
-    return drafted_steps
-
-
-def test_deferred_extends_are_charged_to_plain_decoding():
-    """With lazy extend a drafting step after a plain run catches up the run's draft extends.
-    After a phase where drafting did not pay, charged to drafting, every probe and exploration of
-    drafting pays the plain run's debt and the steps stay plain; charged to plain decoding, where
-    it belongs, the steps draft again once drafting pays."""
-
-    def budget() -> CostModelBudget:
-        return CostModelBudget(k_max=40, max_depth=2, warmup=4, explore_every=32, plain_every=16)
-
-    charged, naive = budget(), budget()
-    assert sum(_serve_with_lazy_extend(naive, 1200, report_catch_up=False, slow_steps=300)[-200:]) <= 20
-    assert naive.rates.verdict(5) == "plain"
-    assert sum(_serve_with_lazy_extend(charged, 1200, report_catch_up=True, slow_steps=300)[-200:]) >= 160
-    assert charged.rates.verdict(5) == "draft"
-
-
-def test_served_rates_are_converted_with_the_unit_as_it_stands():
-    """Steps are kept in seconds and converted with the current unit. At a new load the budget's
-    plain step is first predicted from other loads (here 4x the real 40 ms at 8 requests);
-    converted when served, the drafting steps taken then would look four times faster and win
-    the verdict for the next twenty steps, although they commit 1.6 tokens per request in 2.9
-    plain steps."""
-    plain_step = {8: 0.160}
-    rates = RealisedRates(unit=lambda B: plain_step[B])
-    for _ in range(3):
-        rates.add(8, "draft", 13, 0.115)
-    plain_step[8] = 0.040  # the model has measured this load
-    for _ in range(3):
-        rates.add(8, "plain", 8, 0.040)
-    assert rates.rate(8, "plain") == pytest.approx(1.0)
-    assert rates.rate(8, "draft") == pytest.approx((13 / 8) / (0.115 / 0.040))
-    assert rates.verdict(8) == "plain"
-
-
-def test_a_cold_step_is_left_out_of_the_served_rates():
-    """A step four times its arm's median time (a cold one) does not count."""
-    rates = RealisedRates()
-    rates.add(1, "draft", 2, 3.5)  # the server's first drafting step
-    for _ in range(4):
-        rates.add(1, "draft", 2, 0.050)
-        rates.add(1, "plain", 1, 0.035)
-    assert rates.rate(1, "draft") == pytest.approx(2 / 0.050)
-    assert rates.verdict(1) == "draft"
-
-
-def test_charges_ride_on_their_arms_steps():
-    """A catch-up after every plain probe is charged to plain decoding without pushing its steps
-    out of the window (as entries of their own, twenty charges left one plain step in it)."""
-    rates = RealisedRates(window=4)
-    rates.charge(1, "plain", 1.0)  # no plain step here yet: dropped
-    for _ in range(6):
-        rates.add(1, "plain", 1, 0.035)
-        rates.charge(1, "plain", 0.005)
-    assert rates.samples(1, "plain") == 4
-    assert rates.rate(1, "plain") == pytest.approx(1 / 0.040)
-
-
-def test_served_rates_within_their_noise_leave_the_choice_to_the_model():
-    """The served A/B test overrules the model only where the arms differ by more than 5%."""
-    rates = RealisedRates()
-    for _ in range(5):
-        rates.add(4, "plain", 4, 1.0)
-        rates.add(4, "draft", 4, 1.0 / 1.03)  # 3% ahead: noise
-    assert rates.verdict(4) is None
-    rates = RealisedRates()
-    for _ in range(5):
-        rates.add(4, "plain", 4, 1.0)
-        rates.add(4, "draft", 4, 1.0 / 1.10)
-    assert rates.verdict(4) == "draft"
-    rates.charge(4, "draft", 10.0)  # drafting's rate falls far below plain decoding's
-    assert rates.verdict(4) == "plain"
-    budget = CostModelBudget(k_max=16, max_depth=2)
-    assert "verdict" in budget.explain(4) and "D2:" in budget.explain(4)
 
 
 def test_the_model_weighs_every_allowance_the_widest_tree_can_spend():
