@@ -108,10 +108,9 @@ class RealisedRates:
     model decides. Past ``decisive`` for drafting the budget probes plain decoding less often.
 
     A load left for more than ``stale`` steps starts its test afresh (:meth:`visit`): its steps
-    describe another time. Served again after a level at one request, a load's only plain steps
-    were the server's first, taken cold while its neighbours started; converted with today's
-    unit they ran at 0.63 plain steps against drafting's 0.83, and 65 steps drafted at half
-    plain decoding's speed until fresh plain steps outvoted them."""
+    describe another time (a server's cold first steps, another workload), and converted with
+    the unit of now, the few an arm keeps can decide a verdict that fresh steps then take a
+    window to overturn, drafting at half plain decoding's speed meanwhile."""
 
     ARMS = ("plain", "draft")
 
