@@ -209,7 +209,10 @@ def test_a_soak_accounts_for_every_request(tmp_path: Path) -> None:
     assert summary["greedy"]["identical"] and summary["greedy"]["reproducible_before"]
     assert summary["warnings"] == []
     ttft, latency = normal["ttft"], normal["latency"]
-    assert 50 <= ttft["p50_ms"] <= ttft["p90_ms"] <= ttft["p99_ms"] <= latency["p99_ms"]  # the fake's 50 ms
+    # The fake's 50 ms before the first token. TTFT's percentiles span the requests that streamed a
+    # token, latency's every answered one: across the two, only the medians' order holds reliably.
+    assert 50 <= ttft["p50_ms"] <= ttft["p90_ms"] <= ttft["p99_ms"]
+    assert ttft["p50_ms"] <= latency["p50_ms"] <= latency["p90_ms"] <= latency["p99_ms"]
     md = (tmp_path / "soak.md").read_text()
     assert md.startswith("# Soak: 8 users for 0.25 min, 1 hostile request per 5 normal ones")
     assert f"--host {fake.url} --users 8" in md and "**PASSED**" in md
