@@ -185,10 +185,11 @@ def test_build_tree_kernel_efficient(seed: int, mode: int) -> None:
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("num_spec", [5, 1])  # 1: a plain step's verify, roots only
 @pytest.mark.parametrize("seed", SEEDS)
-def test_verify_tree_greedy(seed: int) -> None:
+def test_verify_tree_greedy(seed: int, num_spec: int) -> None:
     g = torch.Generator().manual_seed(seed)
-    bs, n, num_spec, vocab = 4, 8, 5, 3  # tiny vocab: many matches, duplicate siblings
+    bs, n, vocab = 4, 8, 3  # tiny vocab: many matches, duplicate siblings
     mask = _random_tree_mask(g, bs, n).reshape(-1)
     ridx, rnext, rsib, pos = (torch.zeros(bs * n, dtype=torch.int64) for _ in range(4))
     ops.reconstruct_indices_from_tree_mask(mask, torch.zeros(bs, dtype=torch.int64), pos, ridx, rnext, rsib, bs, n)

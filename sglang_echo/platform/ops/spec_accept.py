@@ -57,9 +57,15 @@ def verify_tree_greedy_cpu(
     bs, n = candidates.shape
     num_spec = accept_index.shape[1]
     dev = candidates.device
-    parent, rank = chain_parent_and_rank(retrive_next_token, retrive_next_sibling)
     target_flat = target_predict.reshape(-1)
     ridx = retrive_index.to(torch.int64)
+    if num_spec == 1:  # a plain step (depth 0): only the roots, no tree to walk
+        roots = ridx[:, 0]
+        accept_index[:, 0] = roots.to(accept_index.dtype)
+        accept_token_num[:bs] = 0
+        predicts.reshape(-1)[roots] = target_flat[roots].to(predicts.dtype)
+        return
+    parent, rank = chain_parent_and_rank(retrive_next_token, retrive_next_sibling)
     batch = torch.arange(bs, device=dev)
 
     cur = torch.zeros(bs, dtype=torch.int64, device=dev)  # local node id of last accepted
