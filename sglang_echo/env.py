@@ -50,6 +50,7 @@ VARS: dict[str, Var] = {
             "calibration",
             "drafter",
             "dart_ngram",
+            "hybrid",
             "fixed_tau",
             "verify",
             "budget",

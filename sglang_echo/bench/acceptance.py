@@ -20,6 +20,8 @@ policies share ``--k-max`` verified tokens per step over the batch (default ``8 
 ``ar`` (plain decoding, the reference) is always the first row.
 ``dart-tree`` is DART's static tree (Algorithm 1: beam 20, 25 candidates per position, 59 nodes;
 ``--drafter dart`` only; ``--ngram FILE`` / ``--no-ngram`` choose DART's n-gram pruning).
+``--hybrid`` drafts every other policy's trees with the head and the n-gram drafter together
+(:mod:`sglang_echo.drafters.hybrid`).
 """
 
 from __future__ import annotations
@@ -232,6 +234,12 @@ def _measure(args: argparse.Namespace, argv: list[str] | None) -> int:
     for p in policies.values():
         if hasattr(p, "bind"):  # dart-tree builds its trees with the drafter itself
             p.bind(drafter)
+    if args.hybrid:
+        if args.drafter == "ngram":
+            raise CommandError("--hybrid adds the n-gram drafter to a head: pick --drafter eagle3, dart or dflash")
+        from ..drafters.hybrid import HybridDrafter
+
+        drafter = HybridDrafter(drafter)
     target = HFTarget(model, captured)
     eos = None if args.ignore_eos else tokenizer.eos_token_id
 
@@ -258,7 +266,7 @@ def _measure(args: argparse.Namespace, argv: list[str] | None) -> int:
             bar.update()
         rows.append(ar_row)
         for pname, policy in policies.items():
-            row = Row(set_name, args.drafter, pname)
+            row = Row(set_name, drafter.name, pname)
             for i, batch in enumerate(bs):
                 bar.set_postfix_str(f"{set_name} {pname}")
                 res = speculative_generate(target, drafter, policy, batch, args.max_new_tokens, eos)

@@ -70,6 +70,11 @@ def parser(description: str = "") -> Parser:
         help="DART n-gram trie (echo-build-ngram; default: DRAFT/ngram-trie.safetensors if present)",
     )
     add("--no-ngram", action="store_true", help="DART without n-gram pruning (the ablation)")
+    add(
+        "--hybrid",
+        action="store_true",
+        help="draft each tree with the head and the n-gram drafter together (drafters/hybrid.py)",
+    )
     add("--policies", type=policy_names, default="chain6,static-tree,echo", help="comma-separated policies")
     add(
         "--prompts",

@@ -136,6 +136,7 @@ def _load_settings(bench: Bench) -> dict:
         "max_new_jitter": a.max_new_tokens_jitter,
         "prompts": len(bench.items),
         "per_set": a.per_set,
+        "prompt_sets": a.prompts,
         "token_prompts": a.token_prompts,
         "warmup_requests": a.warmup_requests,
         "lossless": _lossless_note(a),
@@ -181,7 +182,7 @@ def _prompt_items(args: argparse.Namespace, source: Path | None) -> list[PromptI
         return token_prompts(n, length, vocab_size(source), args.seed)
     from transformers import AutoTokenizer
 
-    return text_prompts(args.per_set, AutoTokenizer.from_pretrained(source or _prepared("float32")))
+    return text_prompts(args.per_set, AutoTokenizer.from_pretrained(source or _prepared("float32")), args.prompts)
 
 
 def _prompt_source(args: argparse.Namespace, targets: Sequence[Target]) -> Path | None:

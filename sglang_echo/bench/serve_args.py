@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..cli_args import DTYPES, SERVER_DEVICES, Parser, alias, count, has_tokenizer, out_dir, port, positive_int
 from ..integration.config import DRAFTERS
+from .acceptance_args import prompt_sets
 from .arrivals import parse_rates
 from .serve_configs import CONFIGS
 from .targets import TargetError, parse_base_urls
@@ -102,6 +103,12 @@ def parser(description: str = "") -> Parser:
         help="start every config's server at once and run each level of each pass config after config "
         "(ports --port, --port+10, ...): ratios then span one level's minutes, not a whole pass "
         "(--base-url runs always go this way)",
+    )
+    add(
+        "--prompts",
+        type=prompt_sets,
+        default=None,
+        help="comma-separated prompt sets (models/prompts.py) or .jsonl paths (default: every built-in set)",
     )
     add("--per-set", type=positive_int, default=10, help="prompts taken from each prompt set")
     add(

@@ -89,6 +89,13 @@ CONFIGS: dict[str, tuple[str, SpecOptions, dict[str, str]]] = {
         SpecOptions(),
         {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost", "SGLANG_ECHO_EXPLORE_BACKOFF": "1"},
     ),
+    # Hybrid drafting: the head and each request's n-gram drafter draft one tree (integration.hybrid).
+    "echo-hybrid": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_HYBRID": "1"}),
+    "echo-cost-hybrid": (
+        "echo",
+        SpecOptions(),
+        {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_BUDGET": "cost", "SGLANG_ECHO_HYBRID": "1"},
+    ),
     # ECHO that never drafts (a cap of the roots alone): what its plain steps cost beyond plain decoding,
     # the floor the cost budget reaches where it decides not to speculate.
     "echo-plain": ("echo", SpecOptions(), {"SGLANG_ECHO_POLICY": "echo", "SGLANG_ECHO_K_MAX": "1"}),

@@ -56,11 +56,12 @@ def token_prompts(n: int, length: int, vocab_size: int, seed: int = 0) -> list[P
     return [PromptItem(f"tokens/{i}", "tokens", input_ids=tuple(int(t) for t in row)) for i, row in enumerate(ids)]
 
 
-def text_prompts(per_set: int, tokenizer) -> list[PromptItem]:
-    """``per_set`` prompts of each prompt set, rendered for ``tokenizer`` (chat ones with its template)."""
-    from ..models.prompts import load_mixed
+def text_prompts(per_set: int, tokenizer, names=None) -> list[PromptItem]:
+    """``per_set`` prompts of each prompt set (``names``; default every built-in one), rendered
+    for ``tokenizer`` (chat ones with its template)."""
+    from ..models.prompts import DATASETS, load_mixed
 
-    return [PromptItem(p.id, p.dataset, text=p.as_text(tokenizer)) for p in load_mixed(per_set)]
+    return [PromptItem(p.id, p.dataset, text=p.as_text(tokenizer)) for p in load_mixed(per_set, names or DATASETS)]
 
 
 def cycle(items: list, n: int) -> list:

@@ -72,6 +72,14 @@ class Drafter(ABC):
     def propose(self, frontier: Frontier, k: int) -> Candidates:
         """Up to ``k`` children per valid frontier slot of the active requests."""
 
+    def adopt(self, parent: Tensor, tokens: Tensor, *, before: bool) -> None:
+        """Co-drafting (:class:`.hybrid.HybridDrafter`): ``[B, E]`` candidates another drafter
+        proposed for the frontier of this drafter's last :meth:`propose` (children of frontier slot
+        ``parent``, token ``tokens``) join that call's candidates, after its own columns or
+        ``before`` them, so that the next frontier's ``source`` may name any column of the merged
+        proposal and this drafter expands those nodes as if it had proposed them."""
+        raise NotImplementedError(f"the {self.name} drafter cannot expand another drafter's candidates")
+
 
 def check_catch_up(
     tokens: Sequence[Tensor], features: Sequence[Tensor] | None, batch_size: int, width: int, name: str

@@ -152,6 +152,7 @@ class DartSearch:
         self.batch_size, self.depth, self.device = top_lp.shape[0], top_lp.shape[1], top_lp.device
         self._local: Optional[LocalNGrams] = None
         self._cand_ctx: Optional[Tensor] = None  # [B, C, order-1] n-gram context ending at each candidate
+        self._frontier_ctx: Optional[Tensor] = None  # [B, F, order-1] that of each node the last propose expanded
         self._next_depth = 0
 
     def _root_context(self) -> Tensor:
@@ -212,15 +213,30 @@ class DartSearch:
         order = torch.sort(e, dim=-1, descending=True, stable=True).indices[..., :kk]  # COMBINE order
         tokens = tok[:, None, :].expand(B, Fw, -1).gather(2, order)
         lq = logq.gather(2, order)
-        self._cand_ctx = torch.cat(
-            [ctx[:, :, None, 1:].expand(B, Fw, kk, self.order - 2), tokens[..., None]], -1
-        ).reshape(B, Fw * kk, -1)
+        self._frontier_ctx = ctx
+        self._cand_ctx = self._child_ctx(ctx, tokens).reshape(B, Fw * kk, -1)
         return Candidates(
             tokens=tokens.reshape(B, Fw * kk),
             logprob=lq.reshape(B, Fw * kk),
             parent=torch.arange(Fw, device=dev)[None, :, None].expand(B, Fw, kk).reshape(B, Fw * kk),
             valid=(valid[:, :, None] & torch.isfinite(lq)).reshape(B, Fw * kk),  # -inf: a padded marginal entry
         )
+
+    def _child_ctx(self, ctx: Tensor, tokens: Tensor) -> Tensor:
+        """The n-gram contexts ``[B, F, K, order-1]`` ending at children ``tokens [B, F, K]`` of
+        nodes whose contexts are ``ctx [B, F, order-1]``."""
+        B, Fw, K = tokens.shape
+        return torch.cat([ctx[:, :, None, 1:].expand(B, Fw, K, self.order - 2), tokens[..., None]], -1)
+
+    def adopt(self, parent: Tensor, tokens: Tensor, *, before: bool) -> None:
+        """Foreign children get the n-gram context their token ends (:class:`.base.Drafter`)."""
+        if self._cand_ctx is None:  # past the head's last marginal: nothing is expanded further
+            return
+        B, E = parent.shape
+        ctx = self._frontier_ctx.gather(1, parent[..., None].expand(B, E, self.order - 1))
+        theirs = self._child_ctx(ctx.reshape(B * E, 1, -1), tokens.reshape(B * E, 1, 1)).reshape(B, E, -1)
+        parts = [theirs, self._cand_ctx]
+        self._cand_ctx = torch.cat(parts if before else parts[::-1], 1)
 
     def algorithm1(self, roots: Tensor, active: Optional[Tensor] = None, max_depth: Optional[int] = None) -> DraftTrees:
         """DART's continuity-aware tree pruning (Alg. 1), vectorised over the batch and the beam.
@@ -426,6 +442,9 @@ class DartDrafter(Drafter):
             self._begin_step(k)
             self._step_open = True
         return self.search.propose(frontier, k)
+
+    def adopt(self, parent: Tensor, tokens: Tensor, *, before: bool) -> None:
+        self.search.adopt(parent, tokens, before=before)
 
     @torch.no_grad()
     def algorithm1(self, roots: Tensor, active: Optional[Tensor] = None, max_depth: Optional[int] = None) -> DraftTrees:

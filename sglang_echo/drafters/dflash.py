@@ -125,6 +125,9 @@ class DFlashDrafter(Drafter):
         self._next_depth = d + 1
         return marginal_candidates(self._logp, frontier, k, ready=self.lengths > 0)
 
+    def adopt(self, parent: Tensor, tokens: Tensor, *, before: bool) -> None:
+        """Nothing to keep: a depth's children come from its marginal whatever their parent."""
+
 
 @torch.no_grad()
 def block_marginals(head: DFlashHead, roots: Tensor, lengths: Tensor, ctx_kv: list[tuple[Tensor, Tensor]]) -> Tensor:

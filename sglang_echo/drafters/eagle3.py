@@ -189,3 +189,11 @@ class Eagle3Drafter(Drafter):
             parent=cols.clone(),
             valid=valid[:, :, None].expand(B, Fw, k).reshape(B, Fw * k),
         )
+
+    def adopt(self, parent: Tensor, tokens: Tensor, *, before: bool) -> None:
+        """A foreign child of frontier slot ``f`` is expanded from the hidden output that expanded
+        ``f`` (node ``f``; node 0, the root, at depth 0), as the head's own children of ``f`` are."""
+        if self._cand_node is None:
+            raise RuntimeError("adopt() follows a propose() of the same step")
+        parts = [parent.to(self._cand_node), self._cand_node]
+        self._cand_node = torch.cat(parts if before else parts[::-1], 1)

@@ -66,6 +66,7 @@ class NGramDrafter(Drafter):
         # Tokens the prefill catch-up repeats (prompt[1:], see base.py) and that we already hold.
         self._skip: list[int] = []
         self._paths: list[list[tuple[int, ...]]] = []  # drafted path of every last candidate column
+        self._frontier_paths: list[list[tuple[int, ...]]] = []  # of each node the last propose expanded
         for b, prompt in enumerate(prompts):
             toks = [int(t) for t in prompt.reshape(-1).tolist()]
             if not toks:
@@ -99,11 +100,12 @@ class NGramDrafter(Drafter):
         logprob = [[float("-inf")] * C for _ in range(B)]
         valid = [[False] * C for _ in range(B)]
         paths: list[list[tuple[int, ...]]] = [[()] * C for _ in range(B)]
+        self._frontier_paths = [[()] * F for _ in range(B)]
         for b in range(B):
             for f in range(F):
                 if not valid_in[b][f]:
                     continue
-                path = self._paths[b][source[b][f]] if source[b][f] >= 0 else ()
+                path = self._frontier_paths[b][f] = self._paths[b][source[b][f]] if source[b][f] >= 0 else ()
                 for i, (tok, p) in enumerate(self._continuations(b, path, k)):
                     col = f * k + i
                     tokens[b][col], logprob[b][col], valid[b][col] = tok, math.log(p), True
@@ -117,6 +119,14 @@ class NGramDrafter(Drafter):
             parent=parent.contiguous(),
             valid=torch.tensor(valid, dtype=torch.bool, device=dev).reshape(B, C),
         )
+
+    def adopt(self, parent: Tensor, tokens: Tensor, *, before: bool) -> None:
+        """A foreign child's drafted path is its parent's plus its token (:class:`.base.Drafter`)."""
+        theirs = [
+            [self._frontier_paths[b][f] + (tok,) for f, tok in zip(fs, toks)]
+            for b, (fs, toks) in enumerate(zip(parent.tolist(), tokens.tolist()))
+        ]
+        self._paths = [t + m if before else m + t for t, m in zip(theirs, self._paths)]
 
     # -- internals ---------------------------------------------------------------------------
     def history(self, b: int) -> list[int]:

@@ -19,8 +19,10 @@ gates, logged loudly), drafter ``eagle3`` (the EAGLE-3 head of
 ``--speculative-draft-model-path``; ``dart``: a DART head there, :mod:`.dart`, with DART's
 n-gram pruning unless ``dart_ngram`` is false; ``dflash``: a DFlash head there, :mod:`.dflash`;
 ``ngram``: the parameter-free n-gram drafter :class:`sglang_echo.drafters.ngram.NGramDrafter`,
-no draft model). The modes (``policy``, ``drafter``, ``verify``, ``budget``, ``control_kernel``)
-are enums whose members compare equal to their names.
+no draft model); ``hybrid`` (off by default, on in ``make serve`` on a CPU): a head drafter's
+trees also take each request's n-gram continuations (:mod:`sglang_echo.drafters.hybrid`,
+:mod:`.hybrid`). The modes (``policy``, ``drafter``, ``verify``, ``budget``,
+``control_kernel``) are enums whose members compare equal to their names.
 ``k_max``: a set value is the paper's fixed cap (Eq. 4). Unset, the server takes the
 calibration's measured knee where it was measured on the same device, else the device's
 default: 64 on a CPU, ``max(256, 2B)`` at batch ``B`` on a GPU
@@ -105,6 +107,7 @@ class EchoConfig:
     calibration: Optional[str] = None
     drafter: Drafter = Drafter.EAGLE3
     dart_ngram: bool = True  # drafter dart: DART's n-gram-enforced ranking (False: the logits alone)
+    hybrid: bool = False  # drafters with a head: the request's n-gram drafter drafts into the same trees
     fixed_tau: float = 0.3
     verify: VerifyMode = VerifyMode.AUTO
     budget: Budget = Budget.FIXED  # cost: each step's cap from the measured cost model (budgeted policies)
@@ -187,6 +190,8 @@ class EchoConfig:
                 f"control_kernel='triton' fuses the elastic scheduler ({', '.join(ELASTIC)}), "
                 f"not policy '{self.policy}'"
             )
+        if self.hybrid and self.drafter == Drafter.NGRAM:
+            raise bad("hybrid adds the n-gram drafter to a head: set drafter to eagle3, dart or dflash")
         if not 0.0 <= self.fixed_tau <= 1.0:
             raise bad(f"fixed_tau={self.fixed_tau} must be a probability in [0, 1]")
         W = self.resolved_width()
@@ -230,7 +235,7 @@ class EchoConfig:
 
 _INT = {"k_max", "max_depth", "w_def", "w_max", "width", "lazy_extend", "explore_backoff"}
 _FLOAT = {"fixed_tau"}
-_BOOL = {"dart_ngram"}
+_BOOL = {"dart_ngram", "hybrid"}
 _ENUMS: dict[str, type[Enum]] = {
     "policy": Policy,
     "drafter": Drafter,

@@ -153,6 +153,9 @@ class DartFrontierDrafter:
             self._begin(k)
         return self.search.propose(frontier, k)
 
+    def adopt(self, parent: Tensor, tokens: Tensor, *, before: bool) -> None:
+        self.search.adopt(parent, tokens, before=before)
+
     def _begin(self, k: int) -> None:
         """The step's marginals (one mask forward) -> ``search.begin``."""
         w, batch = self.w, self.batch

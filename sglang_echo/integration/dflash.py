@@ -148,6 +148,9 @@ class DFlashFrontierDrafter:
             self.logp = self._block()
         return marginal_candidates(self.logp, frontier, k, ready=self.lengths > 0)
 
+    def adopt(self, parent: Tensor, tokens: Tensor, *, before: bool) -> None:
+        """Nothing to keep: a depth's children come from its marginal whatever their parent."""
+
     def _block(self) -> Tensor:
         """One block forward over every request's context (positions ``0 .. seq_len - 1``)."""
         batch = self.batch

@@ -22,6 +22,8 @@ stay reachable as ``eagle_*`` for the drafters that keep them.
 * Plain steps (:meth:`EchoDraftWorker.plain_step`): a step whose cap leaves no room for drafts skips
   the draft setup and the policy's loop and packs its roots directly (:func:`~sglang_echo.core.
   dense.plain_dense`).
+* Hybrid drafting (:mod:`.hybrid`, ``hybrid``): the step drafter's frontier drafter and each
+  request's n-gram drafter propose into the same trees.
 * Lazy extend (:mod:`.lazy_extend`, ``lazy_extend``, drafters that draft from EAGLE's draft
   extend): a plain step (every ``K_i = 1``) skips the draft extend and keeps its pairs; the next
   step that may draft extends over them first, so runs of plain steps cost about a plain decode step.
@@ -43,8 +45,10 @@ from sglang.srt.speculative.eagle_worker_common import prepare_for_draft
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 
 from sglang_echo.core.dense import plain_dense, step_width, to_sglang_dense
+from sglang_echo.drafters.hybrid import NGRAM
 
 from .drafting import StepDrafter
+from .hybrid import RequestNgrams
 from .lazy_extend import DraftBacklog, catch_up, defer_extend, lazy_extend_applies, pool_slots, root_positions
 from .metrics import TimedDrafter
 from .ragged import VerifyMode, mark_verify
@@ -77,6 +81,7 @@ class EchoDraftWorker(EagleDraftWorker):
         self.step_drafter = step_drafter
         self.echo_step = StepRecord()  # this step's, from draft() to the step's epilogue
         self.echo_backlog: Optional[DraftBacklog] = None  # lazy extend: allocated with the pools
+        self.echo_ngrams = RequestNgrams() if echo.cfg.hybrid else None  # hybrid drafting (.hybrid)
         step_drafter.register_model()
         super().__init__(server_args, gpu_id, nccl_port, target_worker)  # loads the draft model
         # ECHO drafts eagerly (its frontier drafters): EAGLE's draft-decode graph is never replayed.
@@ -206,7 +211,10 @@ class EchoDraftWorker(EagleDraftWorker):
                 self.record_lazy(caught_up=catch_up(self, batch, batch.spec_info, self.echo_backlog))
                 echo.sync()
                 st.catch_up_s = time.perf_counter() - t_catch
-            drafter = TimedDrafter(self.step_drafter.frontier(self, batch, forward_batch, roots), echo.sync)
+            frontier = self.step_drafter.frontier(self, batch, forward_batch, roots)
+            if self.echo_ngrams is not None:  # hybrid: the requests' n-gram drafters draft too
+                frontier = self.echo_ngrams.hybrid(frontier, batch.reqs, roots)
+            drafter = TimedDrafter(frontier, echo.sync)
             echo.sync()
             t_build = time.perf_counter()
             trees, state, _ = echo.guard.build(echo.policy, drafter, roots, st.cap)
@@ -214,6 +222,8 @@ class EchoDraftWorker(EagleDraftWorker):
             st.sizes, propose_s = trees.sizes.to(torch.int32), drafter.seconds
             st.gate_evaluated, st.gate_passed = state.gate_evaluated, state.gate_passed
             st.draft_forwards = drafter.forwards
+            if self.echo_ngrams is not None:
+                st.ngram_nodes = int((trees.drafter == NGRAM).sum())
         st.verified = int(st.sizes.sum())
         st.width = width = self.step_width(st.sizes)
         dense = (

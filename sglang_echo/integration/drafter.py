@@ -56,11 +56,13 @@ class EagleFrontierDrafter:
         # Hidden state each candidate of the last proposal would be expanded with, and where.
         self._hidden: Tensor = spec_info.hidden_states  # [rows, H]
         self._cand_rows: Optional[Tensor] = None  # [bs, C] row into self._hidden
+        self._root_step = True  # the last propose expanded the roots
         self.forwards = 0
 
     # -- the protocol ------------------------------------------------------------------------
     def propose(self, frontier: Frontier, k: int) -> Candidates:
         k = min(k, self.topk)
+        self._root_step = frontier.depth == 0
         if frontier.depth == 0:
             probs, index = self.root_p[:, :k], self.root_index[:, :k]
             parent = torch.zeros_like(index, dtype=torch.int64)
@@ -79,6 +81,16 @@ class EagleFrontierDrafter:
             valid.reshape(B, F * k),
             rows.reshape(B, F * k),
         )
+
+    def adopt(self, parent: Tensor, tokens: Tensor, *, before: bool) -> None:
+        """Foreign children of frontier slot ``f`` (:class:`~sglang_echo.drafters.hybrid.HybridDrafter`)
+        are expanded from the row that expanded ``f``, as the head's own children of ``f`` are:
+        request ``b``'s root row at depth 0, else lane ``f`` of request ``b``."""
+        B = parent.shape[0]
+        b = torch.arange(B, device=parent.device)[:, None]
+        rows = b.expand_as(parent) if self._root_step else b * self.topk + parent
+        parts = [rows.to(self._cand_rows), self._cand_rows]
+        self._cand_rows = torch.cat(parts if before else parts[::-1], 1)
 
     # -- internals ---------------------------------------------------------------------------
     def _candidates(self, probs, index, parent, valid, rows) -> Candidates:

@@ -68,6 +68,7 @@ SERIES: tuple[Series, ...] = (
     Series("step_max", "echo_step_verified_tokens_max", _G, "Largest per-step sum of K_i"),
     Series("deferred", "echo_deferred_extend_tokens", _C, "Committed tokens whose draft extend a plain step deferred"),
     Series("caught_up", "echo_caught_up_tokens", _C, "Deferred tokens a catch-up draft extend extended"),
+    Series("ngram_nodes", "echo_hybrid_ngram_nodes", _C, "Draft nodes the requests' n-gram drafters added (hybrid)"),
     Series("timed_steps", "echo_timed_steps", _C, "Decode steps covered by the echo_*_seconds counters"),
     Series("budget_steps", "echo_budget_steps", _C, "Steps by the cost budget's decision", ("arm", "reason")),
     Series(

@@ -246,6 +246,7 @@ class EchoMetrics:
             "timed_steps": 0,
             "deferred": 0,
             "caught_up": 0,
+            "ngram_nodes": 0,
             **{f"{k}_seconds": 0.0 for k in TIMERS},
         }
         self.request_depth = _env_flag(DEPTH_ENV, True)
@@ -295,9 +296,13 @@ class EchoMetrics:
         self.totals["cap"] += cap
         self.totals["target"] += target_tokens
         self.totals["steps"] += 1
+        ngram_nodes = getattr(st, "ngram_nodes", 0)  # hybrid drafting only
+        self.totals["ngram_nodes"] += ngram_nodes
         self.step_max = max(self.step_max, total)
         if self._m is None:
             return
+        if ngram_nodes:
+            self._m["ngram_nodes"].inc(ngram_nodes)
         self._m["verified"].inc(total)
         self._m["target"].inc(target_tokens)
         self._m["slots"].inc(slots)

@@ -106,6 +106,12 @@ class RequestDrafters:
             st.held, st.last = n, hist[n - 1]
         return st.drafter
 
+    def retain(self, rids) -> None:
+        """Forget every request but ``rids`` (the decode batch's: one that comes back is rebuilt)."""
+        keep = set(rids)
+        for rid in [r for r in self._states if r not in keep]:
+            del self._states[rid]
+
     # -- the NgramCorpus calls NGRAMWorker's generic code makes ------------------------------
     def erase_match_state(self, rids) -> None:
         for rid in rids:
@@ -119,21 +125,37 @@ class RequestDrafters:
 
 
 class BatchDrafter:
-    """The core's drafter protocol over per-request drafters (row ``b`` = ``drafters[b]``)."""
+    """The core's drafter protocol over per-request drafters (row ``b`` = ``drafters[b]``; ``None``:
+    a row that proposes nothing)."""
 
-    def __init__(self, drafters: Sequence[NGramDrafter]):
+    def __init__(self, drafters: Sequence[NGramDrafter | None]):
         self.drafters = list(drafters)
         self.forwards = 0  # depths proposed (no model forwards; kept for the metrics' shape)
 
     def propose(self, frontier: Frontier, k: int) -> Candidates:
         self.forwards += 1
-        parts = [d.propose(_row(frontier, b), k) for b, d in enumerate(self.drafters)]
+        parts = [
+            _nothing(frontier, k) if d is None else d.propose(_row(frontier, b), k) for b, d in enumerate(self.drafters)
+        ]
         return Candidates(
             tokens=torch.cat([c.tokens for c in parts]),
             logprob=torch.cat([c.logprob for c in parts]),
             parent=torch.cat([c.parent for c in parts]),
             valid=torch.cat([c.valid for c in parts]),
         )
+
+    def adopt(self, parent: torch.Tensor, tokens: torch.Tensor, *, before: bool) -> None:
+        for b, d in enumerate(self.drafters):
+            if d is not None:
+                d.adopt(parent[b : b + 1], tokens[b : b + 1], before=before)
+
+
+def _nothing(f: Frontier, k: int) -> Candidates:
+    """One row's ``F * k`` candidates, none valid (the layout :meth:`NGramDrafter.propose` returns)."""
+    F, dev = f.slots.shape[1], f.slots.device
+    z = torch.zeros(1, F * k, dtype=torch.int64, device=dev)
+    parent = torch.arange(F, device=dev).repeat_interleave(k)[None]
+    return Candidates(z, torch.full((1, F * k), float("-inf"), device=dev), parent, z.bool())
 
 
 def _row(f: Frontier, b: int) -> Frontier:

@@ -61,6 +61,7 @@ class StepRecord:
     gate_evaluated: Optional[torch.Tensor] = None
     gate_passed: Optional[torch.Tensor] = None
     draft_forwards: int = 0
+    ngram_nodes: int = 0  # hybrid: the nodes the requests' n-gram drafters added (.hybrid)
     pool: Optional[NodePool] = None  # every drafted candidate (the calibration probe reads it)
     depths: Optional[torch.Tensor] = None  # [bs] deepest node of each request's tree
     cap: Optional[int] = None  # this step's verification cap, roots included (None: an idle step)

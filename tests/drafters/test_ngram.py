@@ -80,33 +80,38 @@ def test_paths_are_tracked_and_matched_inside_the_draft():
 
 
 # -- lossless decoding against a toy target ---------------------------------------------------
-V = 6
-TABLE = torch.randint(0, V, (V + 1, V), generator=torch.Generator().manual_seed(0)).tolist()
+class ToyTarget:
+    """A target whose greedy token is a fixed random function of the last two tokens, always below
+    ``out`` (so its text repeats), for contexts of tokens below ``vocab``."""
+
+    def __init__(self, vocab: int, out: int, seed: int):
+        self.vocab = vocab
+        self.table = torch.randint(0, out, (vocab + 1, vocab), generator=torch.Generator().manual_seed(seed)).tolist()
+
+    def next(self, ctx: list[int]) -> int:
+        return self.table[ctx[-2] if len(ctx) > 1 else self.vocab][ctx[-1]]
+
+    def reference(self, prompt: list[int], n: int) -> list[int]:
+        """Plain greedy decoding: ``n`` tokens after ``prompt``."""
+        seq = list(prompt)
+        for _ in range(n):
+            seq.append(self.next(seq))
+        return seq[len(prompt) :]
+
+    def tree_argmax(self, trees, seqs: list[list[int]]) -> torch.Tensor:
+        """The target's greedy token after every tree node, given the node's path."""
+        pred = []
+        for b, seq in enumerate(seqs):
+            paths: list[list[int]] = []
+            for i in range(int(trees.indptr[b]), int(trees.indptr[b + 1])):
+                par = int(trees.parents[i])
+                paths.append([] if par < 0 else paths[par] + [int(trees.tokens[i])])
+                pred.append(self.next(seq + paths[-1]))
+        return t(pred)
 
 
-def target_next(ctx: list[int]) -> int:
-    """The toy target's greedy token: a fixed function of the last two tokens (so text repeats)."""
-    return TABLE[ctx[-2] if len(ctx) > 1 else V][ctx[-1]]
-
-
-def greedy_reference(prompt: list[int], n: int) -> list[int]:
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(target_next(seq))
-    return seq[len(prompt) :]
-
-
-def tree_argmax(trees, seqs: list[list[int]]) -> torch.Tensor:
-    """The target's greedy token after every tree node, given the node's path."""
-    pred = []
-    for b, seq in enumerate(seqs):
-        lo, hi = int(trees.indptr[b]), int(trees.indptr[b + 1])
-        paths: list[list[int]] = []
-        for i in range(lo, hi):
-            par = int(trees.parents[i])
-            paths.append([] if par < 0 else paths[par] + [int(trees.tokens[i])])
-            pred.append(target_next(seq + paths[-1]))
-    return t(pred)
+TOY = ToyTarget(vocab=6, out=6, seed=0)
+target_next, greedy_reference, tree_argmax = TOY.next, TOY.reference, TOY.tree_argmax
 
 
 @pytest.mark.parametrize("policy", POLICIES)

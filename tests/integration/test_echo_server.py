@@ -186,6 +186,25 @@ def test_echo_smollm2(smollm2_dir, smollm2_prompts, smollm2_reference):
     assert correct > 0
 
 
+@pytest.mark.echo_matrix
+def test_hybrid_smollm2(smollm2_dir, smollm2_prompts, smollm2_reference):
+    """``hybrid``: the shipped EAGLE-3 head and each request's n-gram drafter draft one tree on the
+    real SmolLM2, the head expanding n-gram nodes in sglang's draft lanes. n-gram nodes get
+    drafted, drafts get accepted, and the greedy output equals no speculation."""
+    env = {
+        "SGLANG_ECHO_POLICY": "echo",
+        "SGLANG_ECHO_K_MAX": str(K_MAX),
+        "SGLANG_ECHO_HYBRID": "1",
+        "SGLANG_ECHO_CONFIG": json.dumps({"fixed_tau": 0.0}),
+    }
+    got, metrics = _serve_smollm2(smollm2_dir, smollm2_prompts[:12], smollm2_reference[:12], env, "smollm2-hybrid")
+    assert metrics["echo_budget_exceeded_total"] == 0
+    ngram_nodes = metrics.get("echo_hybrid_ngram_nodes_total", 0)
+    correct = sum(g.meta["spec_num_correct_drafts"] for g in got)
+    print(f"[smollm2-hybrid] n-gram nodes {ngram_nodes:.0f}, correct drafts {correct}")
+    assert ngram_nodes > 0 and correct > 0
+
+
 def _draft_confidence(probe: Path) -> dict[tuple[str, int], tuple[list[float], bool]]:
     """``(rid, root position) -> (c_{i,d} per depth, whether the request's previous step was a
     plain step)`` for every drafted sample of a probe file (calibration.probe)."""
