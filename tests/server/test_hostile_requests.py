@@ -49,13 +49,14 @@ def plain(baseline: LazyServer) -> SGLangServer:
 
 @pytest.fixture(scope="module")
 def echo(smollm2_dir: Path) -> Iterator[SGLangServer]:
-    """ECHO as ``make serve`` runs it on a CPU: the shipped EAGLE-3 head and calibration, budget cost."""
+    """ECHO as ``make serve`` runs it on a CPU: the shipped EAGLE-3 head and calibration, budget cost,
+    hybrid drafting."""
     from sglang_echo.models.drafts import shipped_head
     from sglang_echo.serve.flags import ServerOptions
-    from sglang_echo.serve.launch import with_cpu_budget, with_shipped_calibration
+    from sglang_echo.serve.launch import with_echo_defaults
 
     head = shipped_head(smollm2_dir, "eagle3")
-    served = with_cpu_budget(with_shipped_calibration(ServerOptions(smollm2_dir, spec="echo", draft_path=head)), "cpu")
+    served = with_echo_defaults(ServerOptions(smollm2_dir, spec="echo", draft_path=head), "cpu")
     srv = launch_test_server(
         SERVER_PORTS,
         "echo-guard",

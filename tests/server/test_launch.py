@@ -74,7 +74,8 @@ def test_without_draft_the_shipped_head_is_used(spec: str, smollm2_dir: Path) ->
     assert "-eagle3-smollm2-135m-instruct" in r.stdout.split("exec:")[1]
     if spec == "echo":  # the calibration shipped for exactly this model + head (fingerprints match)
         assert "SGLANG_ECHO_CALIBRATION=" in r.stdout and _shipped_calibration("eagle3") in r.stdout
-        assert "SGLANG_ECHO_BUDGET=cost" in r.stdout.split("env:")[1].splitlines()[0]  # the CPU default
+        env = r.stdout.split("env:")[1].splitlines()[0]
+        assert "SGLANG_ECHO_BUDGET=cost" in env and "SGLANG_ECHO_HYBRID=1" in env  # the CPU defaults
 
 
 def test_echo_on_a_cpu_budgets_by_cost_unless_configured(monkeypatch, tmp_path: Path) -> None:
@@ -90,6 +91,26 @@ def test_echo_on_a_cpu_budgets_by_cost_unless_configured(monkeypatch, tmp_path: 
     for var, value in (("SGLANG_ECHO_BUDGET", "fixed"), ("SGLANG_ECHO_CONFIG", str(tmp_path / "echo.json"))):
         monkeypatch.setenv(var, value)
         assert with_cpu_budget(opts, "cpu") == opts
+        monkeypatch.delenv(var)
+
+
+def test_echo_with_a_head_on_a_cpu_drafts_hybrid_unless_configured(monkeypatch, tmp_path: Path) -> None:
+    """`make serve`'s ECHO on a CPU: hybrid drafting; a configured one or config file, a GPU or the
+    n-gram drafter alone keeps what ECHO would otherwise do."""
+    from sglang_echo.serve.launch import with_cpu_hybrid
+
+    opts = ServerOptions(model_path=tmp_path, spec="echo", draft_path=tmp_path)
+    for var in ("SGLANG_ECHO_HYBRID", "SGLANG_ECHO_CONFIG", "SGLANG_ECHO_DRAFTER"):
+        monkeypatch.delenv(var, raising=False)
+    assert ("SGLANG_ECHO_HYBRID", "1") in with_cpu_hybrid(opts, "cpu").extra_env
+    assert with_cpu_hybrid(opts, "cuda") == opts
+    for var, value in (
+        ("SGLANG_ECHO_HYBRID", "0"),
+        ("SGLANG_ECHO_CONFIG", str(tmp_path / "echo.json")),
+        ("SGLANG_ECHO_DRAFTER", "ngram"),
+    ):
+        monkeypatch.setenv(var, value)
+        assert with_cpu_hybrid(opts, "cpu") == opts
         monkeypatch.delenv(var)
 
 
