@@ -15,7 +15,8 @@ head's candidates followed by the n-gram's (``Candidates.drafter``: 0 head, 1 n-
 * **Either drafter expands either's nodes.** After a depth each drafter :meth:`~.base.Drafter.adopt`
   the other's columns, so the next frontier's ``source`` names a column of the merged proposal in
   both: the head expands an n-gram node from its parent's state (EAGLE-3: the parent's hidden
-  output; DFlash: the depth's marginal), the n-gram drafter looks its path up.
+  output; DART: the n-gram context the node ends; DFlash: the depth's marginal), the n-gram
+  drafter looks its path up.
 
 Losslessness is the verifier's, as for any drafter: the target checks every drafted token.
 Temperature 0 only (both drafters propose deterministically).

@@ -23,6 +23,7 @@ from sglang_echo.drafters.dart import (
     combine,
 )
 from sglang_echo.drafters.dart_head import DartConfig, DartHead
+from sglang_echo.drafters.hybrid import HybridDrafter
 from sglang_echo.drafters.ngram_trie import (
     LocalNGrams,
     NGramTrie,
@@ -484,6 +485,10 @@ def test_lossless_under_every_policy(tiny_target):
     off = _tiny_drafter(target, ar.tokens, prompts, use_ngram=False)
     res = speculative_generate(target, off, StaticTree(4, 3, 12), prompts, 16)
     assert res.tokens == ar.tokens
+    for name in ("echo", "static-tree"):  # with the n-gram drafter: DART expands its nodes (adopt)
+        hybrid = HybridDrafter(_tiny_drafter(target, ar.tokens, prompts))
+        res = speculative_generate(target, hybrid, make_policy(name, cfg), prompts, 16)
+        assert res.tokens == ar.tokens, f"hybrid {name}"
 
 
 def test_acceptance_bench_runs_dart(tmp_path, tiny_target, capsys):

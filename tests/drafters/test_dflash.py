@@ -18,6 +18,7 @@ from sglang_echo.core.baselines import Chain, StaticTree
 from sglang_echo.core.policy import Frontier, build_trees
 from sglang_echo.drafters.dflash import DFlashDrafter
 from sglang_echo.drafters.dflash_head import DFlashConfig, DFlashHead, default_target_layer_ids, grouped_block_attention
+from sglang_echo.drafters.hybrid import HybridDrafter
 
 V, H, BS = 97, 32, 5
 DT = torch.float64
@@ -331,6 +332,9 @@ def test_lossless_under_every_policy(tiny_target):
         assert res.mat >= 1.0 and max(int(t.max()) for t in res.tree_size) <= 12 * 3 + 1
     res = speculative_generate(target, drafter, StaticTree(6, 3, 12), prompts, 14)
     assert res.tokens == ar.tokens
+    for name in ("echo", "static-tree"):  # with the n-gram drafter
+        res = speculative_generate(target, HybridDrafter(drafter), make_policy(name, cfg), prompts, 14)
+        assert res.tokens == ar.tokens, f"hybrid {name}"
 
 
 def test_acceptance_bench_runs_dflash(tmp_path, tiny_target, capsys):
