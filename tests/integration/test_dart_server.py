@@ -63,6 +63,14 @@ def test_dart_echo_lossless_and_drafts_match_offline(smollm2_dir, dart_head, pro
     assert sum(v for k, v in metrics.items() if k.startswith("echo_gate_evaluated_total[")) > 0
 
 
+def test_dart_hybrid_lossless(smollm2_dir, dart_head, prompt_ids, reference):
+    """`hybrid` (what `make serve` runs on a CPU): the DART head and each request's n-gram drafter
+    in one tree; n-gram nodes drafted, output plain decoding's."""
+    got, metrics, _ = SUITE.serve("echo", smollm2_dir, dart_head, prompt_ids, env={"SGLANG_ECHO_HYBRID": "1"})
+    SUITE.check_lossless("echo/hybrid", got, reference, metrics)
+    assert metrics.get("echo_hybrid_ngram_nodes_total", 0) > 0
+
+
 def test_dart_chain_drafts_what_offline_dart_drafts(smollm2_dir, dart_head, prompt_ids, reference):
     got, metrics, alone = SUITE.serve("chain", smollm2_dir, dart_head, prompt_ids, one_by_one=4)
     SUITE.check_lossless("chain", got, reference, metrics)

@@ -61,6 +61,14 @@ def test_dflash_echo_lossless(smollm2_dir, dflash_head, prompt_ids, reference):
     SUITE.check_lossless("echo", got, reference, metrics)
 
 
+def test_dflash_hybrid_lossless(smollm2_dir, dflash_head, prompt_ids, reference):
+    """`hybrid` (what `make serve` runs on a CPU): the DFlash head and each request's n-gram drafter
+    in one tree; n-gram nodes drafted, output plain decoding's."""
+    got, metrics, _ = SUITE.serve("echo", smollm2_dir, dflash_head, prompt_ids, env={"SGLANG_ECHO_HYBRID": "1"})
+    SUITE.check_lossless("echo/hybrid", got, reference, metrics)
+    assert metrics.get("echo_hybrid_ngram_nodes_total", 0) > 0
+
+
 def test_dflash_chain_drafts_what_offline_dflash_drafts(smollm2_dir, dflash_head, prompt_ids, reference):
     got, metrics, alone = SUITE.serve("chain", smollm2_dir, dflash_head, prompt_ids, one_by_one=4)
     SUITE.check_lossless("chain", got, reference, metrics)
