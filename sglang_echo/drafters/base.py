@@ -81,6 +81,12 @@ class Drafter(ABC):
         raise NotImplementedError(f"the {self.name} drafter cannot expand another drafter's candidates")
 
 
+def adopt_columns(own: Tensor, theirs: Tensor, before: bool) -> Tensor:
+    """Per-candidate state ``own [B, C, ...]`` with another drafter's columns ``theirs [B, E, ...]``
+    joined where :meth:`Drafter.adopt` puts them: ``before`` its own, or after."""
+    return torch.cat([theirs, own] if before else [own, theirs], 1)
+
+
 def check_catch_up(
     tokens: Sequence[Tensor], features: Sequence[Tensor] | None, batch_size: int, width: int, name: str
 ) -> tuple[Tensor, list[Tensor]] | None:

@@ -60,7 +60,7 @@ from torch.nn.utils.rnn import pad_sequence
 from sglang_echo.core.policy import BuildState, Frontier, TreePolicy
 from sglang_echo.core.tree import Candidates, DraftTrees, NodePool
 
-from .base import Drafter, check_catch_up
+from .base import Drafter, adopt_columns, check_catch_up
 from .dart_head import TRIE_FILE, DartHead
 from .ngram_trie import LocalNGrams, NGramTrie, continuation_prob
 
@@ -235,8 +235,7 @@ class DartSearch:
         B, E = parent.shape
         ctx = self._frontier_ctx.gather(1, parent[..., None].expand(B, E, self.order - 1))
         theirs = self._child_ctx(ctx.reshape(B * E, 1, -1), tokens.reshape(B * E, 1, 1)).reshape(B, E, -1)
-        parts = [theirs, self._cand_ctx]
-        self._cand_ctx = torch.cat(parts if before else parts[::-1], 1)
+        self._cand_ctx = adopt_columns(self._cand_ctx, theirs, before)
 
     def algorithm1(self, roots: Tensor, active: Optional[Tensor] = None, max_depth: Optional[int] = None) -> DraftTrees:
         """DART's continuity-aware tree pruning (Alg. 1), vectorised over the batch and the beam.

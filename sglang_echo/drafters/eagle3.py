@@ -37,7 +37,7 @@ from torch.nn.utils.rnn import pad_sequence
 from sglang_echo.core.policy import Frontier
 from sglang_echo.core.tree import Candidates
 
-from .base import Drafter, check_catch_up
+from .base import Drafter, adopt_columns, check_catch_up
 from .eagle3_head import Eagle3Head
 
 
@@ -195,5 +195,4 @@ class Eagle3Drafter(Drafter):
         ``f`` (node ``f``; node 0, the root, at depth 0), as the head's own children of ``f`` are."""
         if self._cand_node is None:
             raise RuntimeError("adopt() follows a propose() of the same step")
-        parts = [parent.to(self._cand_node), self._cand_node]
-        self._cand_node = torch.cat(parts if before else parts[::-1], 1)
+        self._cand_node = adopt_columns(self._cand_node, parent.to(self._cand_node), before)

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from sglang_echo.core.policy import Frontier
 from sglang_echo.core.tree import Candidates
+from sglang_echo.drafters.base import adopt_columns
 
 from .config import Drafter
 from .drafting import StepDrafter
@@ -89,8 +90,7 @@ class EagleFrontierDrafter:
         B = parent.shape[0]
         b = torch.arange(B, device=parent.device)[:, None]
         rows = b.expand_as(parent) if self._root_step else b * self.topk + parent
-        parts = [rows.to(self._cand_rows), self._cand_rows]
-        self._cand_rows = torch.cat(parts if before else parts[::-1], 1)
+        self._cand_rows = adopt_columns(self._cand_rows, rows.to(self._cand_rows), before)
 
     # -- internals ---------------------------------------------------------------------------
     def _candidates(self, probs, index, parent, valid, rows) -> Candidates:
