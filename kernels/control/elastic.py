@@ -74,9 +74,10 @@ def _candidates(
 
 
 @triton.jit
-def _gate(score, decide, tau, GATED: tl.constexpr, W_DEF: tl.constexpr, LIBDEVICE: tl.constexpr):
+def _gate(score, decide, tau, width, GATED: tl.constexpr, LIBDEVICE: tl.constexpr):
     """Eq. 6-7 and Priority 1's wants: (confidence, valid count, has candidates, passed, want,
-    priority) per row; a request that fails or has nothing to draft wants 0, priority -1."""
+    priority) per row; a request that fails or has nothing to draft wants 0, priority -1, one
+    that passes at most ``width`` (the step's, ``<= W_DEF``)."""
     masked = tl.where(decide, score, float("-inf"))
     if LIBDEVICE:  # expf, as torch computes it: a GPU's tl.exp is the approximate ex2
         conf = libdevice.exp(tl.max(masked, 1))
@@ -88,7 +89,7 @@ def _gate(score, decide, tau, GATED: tl.constexpr, W_DEF: tl.constexpr, LIBDEVIC
         passed = has & (conf >= tau)
     else:
         passed = has
-    want = tl.where(passed, tl.minimum(n_valid, W_DEF), 0)
+    want = tl.where(passed, tl.minimum(n_valid, width), 0)
     return conf, n_valid, has, passed, want, tl.where(passed, conf, -1.0)
 
 
@@ -148,6 +149,7 @@ def _elastic_depth_kernel(
     start,
     depth,
     tau,
+    width,
     GATED: tl.constexpr,
     HAS_DRAFTER: tl.constexpr,
     HAS_PROPOSAL: tl.constexpr,
@@ -183,7 +185,7 @@ def _elastic_depth_kernel(
         tl.store(pool_proposal + new, tl.zeros([BLOCK_B, BLOCK_C], tl.int64) + _DETERMINISTIC, mask=inb)
     tl.store(pool_valid + new, valid, mask=inb)
 
-    conf, n_valid, has, passed, want, priority = _gate(score, decide, tau, GATED, W_DEF, LIBDEVICE)
+    conf, n_valid, has, passed, want, priority = _gate(score, decide, tau, width, GATED, LIBDEVICE)
 
     # Rank of each candidate in its request (the eager code's stable descending sort).
     masked = tl.where(decide, score, float("-inf"))
@@ -199,7 +201,7 @@ def _elastic_depth_kernel(
     for j0 in range(0, B, CHUNK_B):
         rows_j = j0 + tl.arange(0, CHUNK_B)
         score_j, valid_j, parent_j, decide_j = _candidates(rows_j, cols, *args)
-        conf_j, n_valid_j, has_j, passed_j, want_j, priority_j = _gate(score_j, decide_j, tau, GATED, W_DEF, LIBDEVICE)
+        conf_j, n_valid_j, has_j, passed_j, want_j, priority_j = _gate(score_j, decide_j, tau, width, GATED, LIBDEVICE)
         ahead += _ahead(rows, priority, rows_j, priority_j, want_j, B)
     left = tl.load(budget)
     grant = tl.minimum(tl.maximum(left - ahead, 0), want)
@@ -296,13 +298,15 @@ def elastic_depth(
     gated: bool,
     w_def: int,
     w_max: int,
+    width: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """One ECHO depth: append ``cands`` to ``pool`` (preallocated) and decide which enter the trees.
 
     Updates the pool, the truncation record ``trunc`` (``trunc_slots``, ``trunc_conf``,
     ``truncated``) and the gate counters in place; returns the next frontier's slots, source
     columns, tokens and path scores ``[B, W_def]``, the active requests ``[B]`` and the remaining
-    budget (0-d).
+    budget (0-d). ``width``: the most candidates a passing request is granted (default ``w_def``;
+    the frontier stays ``w_def`` wide).
     """
     if cands.proposal_dists is not None:
         raise ValueError("elastic_depth is greedy only: the candidates carry proposal distributions")
@@ -364,6 +368,7 @@ def elastic_depth(
         start,
         depth,
         float(tau),
+        w_def if width is None else min(width, w_def),
         GATED=gated,
         HAS_DRAFTER=cands.drafter is not None,
         HAS_PROPOSAL=cands.proposal is not None,

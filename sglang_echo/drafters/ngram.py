@@ -14,17 +14,19 @@ n-gram length, extended incrementally by :meth:`catch_up` (O(max_ngram) per comm
 lookup reads that table for the occurrences followed by a history token and scans the at most
 ``max_ngram + depth`` context tokens around the drafted path for those followed by a path token.
 
-Confidence model. ECHO's gates and path scores read the children's log-probabilities, so they
-must be probabilities. A child ``x`` that followed ``c_x`` of the ``n`` earlier occurrences of a
-length-``m`` suffix gets::
+Confidence model. ECHO's gates and path scores read the children's log-probabilities and rank
+them against a head's, so they should be acceptance probabilities. A child ``x`` that followed
+``c_x`` of the ``n`` earlier occurrences of a length-``m`` suffix gets::
 
-    q(x) = c_x / (n + alpha) * (1 - exp(-beta * m))
+    q(x) = c_x / (n + alpha) * r_m
 
 ``c_x / (n + alpha)`` is the empirical continuation frequency with ``alpha`` pseudo-counts of "none
-of these" (a suffix seen once is not a certainty); ``1 - exp(-beta * m)`` discounts short matches,
-which are less likely to be a genuine repetition. ``q`` is in (0, 1), grows with ``c_x`` and with
-``m``, and siblings sum to at most ``n / (n + alpha) < 1``. ``alpha`` and ``beta`` are uncalibrated
-priors; calibrate the gate thresholds for this drafter (echo-calibrate) rather than tuning them.
+of these" (a suffix seen once is not a certainty); ``r_m`` is how often a repetition of ``m``
+tokens goes on as before: a shared word often does not, a shared four-token phrase almost always
+does. ``q`` is in (0, 1), grows with ``c_x`` and ``m`` (``r`` increases), and siblings sum to at
+most ``n / (n + alpha) < 1``. The defaults are fitted by maximum likelihood on the target's own
+greedy answers to the training prompts (never the dev split): ``python -m
+sglang_echo.training.ngram_fit`` measures and fits them for another target.
 """
 
 from __future__ import annotations
@@ -43,21 +45,38 @@ from .base import Drafter
 Stats = dict[int, list[int]]  # next token -> [count, last position of that token]
 
 
+# The confidence model's defaults (module docstring), fitted on SmolLM2-135M-Instruct's answers.
+ALPHA = 0.15
+RELIABILITY = (0.39, 0.68, 0.81, 1.0)  # r_m for m = 1, 2, 3, 4 (and longer)
+
+
 class NGramDrafter(Drafter):
     name = "ngram"
     captured_layers: tuple[int, ...] = ()
 
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, alpha: float = 1.0, beta: float = 1.0):
+    def __init__(
+        self,
+        max_ngram: int = 4,
+        min_ngram: int = 1,
+        alpha: float = ALPHA,
+        reliability: Sequence[float] = RELIABILITY,
+    ):
+        """``reliability[m - 1]`` is ``r_m``; a longer match than it lists takes its last value."""
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        if alpha <= 0 or beta <= 0:
-            raise ValueError(f"alpha and beta must be positive, got {alpha}, {beta}")
-        self.max_ngram, self.min_ngram, self.alpha, self.beta = max_ngram, min_ngram, alpha, beta
+        if alpha <= 0:
+            raise ValueError(f"alpha must be positive, got {alpha}")
+        if not reliability or not all(0 < r <= 1 for r in reliability):
+            raise ValueError(f"reliability must list r_m in (0, 1], got {tuple(reliability)}")
+        self.max_ngram, self.min_ngram, self.alpha = max_ngram, min_ngram, alpha
+        rel = tuple(float(r) for r in reliability)
+        self.reliability = (rel + rel[-1:] * max_ngram)[:max_ngram]
         self.start([])
 
     def describe(self) -> str:
         """The parameters, as a calibration file records this drafter's identity."""
-        return f"n={self.min_ngram}..{self.max_ngram},alpha={self.alpha:g},beta={self.beta:g}"
+        rel = "/".join(f"{r:g}" for r in self.reliability)
+        return f"n={self.min_ngram}..{self.max_ngram},alpha={self.alpha:g},r={rel}"
 
     # -- the lifecycle -----------------------------------------------------------------------
     def start(self, prompts: Sequence[Tensor]) -> None:
@@ -145,6 +164,17 @@ class NGramDrafter(Drafter):
 
     def _continuations(self, b: int, path: tuple[int, ...], k: int) -> list[tuple[int, float]]:
         """Up to ``k`` (token, probability) children of the node whose drafted path is ``path``."""
+        found = self.match(b, path)
+        if found is None:
+            return []
+        m, counts = found
+        scale = self.reliability[m - 1] / (sum(c for _, c in counts) + self.alpha)
+        return [(tok, c * scale) for tok, c in counts[:k]]
+
+    def match(self, b: int, path: tuple[int, ...] = ()) -> Optional[tuple[int, list[tuple[int, int]]]]:
+        """The longest suffix of request ``b``'s context (history + ``path``) seen before: its length
+        ``m`` and ``(next token, count)`` of every continuation, most frequent first (ties: the
+        most recent); None when no suffix of ``min_ngram`` tokens or more repeats."""
         hist = self._hist[b]
         h = min(len(hist), self.max_ngram)
         tail = hist[len(hist) - h :] + list(path)  # the context's last h + len(path) tokens
@@ -157,8 +187,6 @@ class NGramDrafter(Drafter):
                     c, _ = stats.get(tail[j], (0, -1))
                     stats[tail[j]] = (c + 1, offset + j)  # path positions are the most recent
             if stats:
-                n = sum(c for c, _ in stats.values())
-                shrink = 1.0 - math.exp(-self.beta * m)
-                best = sorted(stats.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))[:k]
-                return [(tok, c / (n + self.alpha) * shrink) for tok, (c, _) in best]
-        return []
+                ranked = sorted(stats.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))
+                return m, [(tok, c) for tok, (c, _) in ranked]
+        return None

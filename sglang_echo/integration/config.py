@@ -14,7 +14,8 @@ reach every sglang subprocess). Resolution order, later wins:
 
 Defaults: policy ``echo``, ``k_max`` unset (the batch verification cap, roots included: see
 below), ``max_depth`` 4, ``w_max`` 4, ``w_def`` half of ``w_max`` (2; measured at one request:
-``benchmarks/results/serve-smollm2-tree-shape/``), no calibration file (the paper's default
+``benchmarks/results/serve-smollm2-tree-shape/``; a step narrows it to its budget's share per
+request and depth, :mod:`sglang_echo.core.scheduler`), no calibration file (the paper's default
 gates, logged loudly), drafter ``eagle3`` (the EAGLE-3 head of
 ``--speculative-draft-model-path``; ``dart``: a DART head there, :mod:`.dart`, with DART's
 n-gram pruning unless ``dart_ngram`` is false; ``dflash``: a DFlash head there, :mod:`.dflash`;

@@ -159,6 +159,23 @@ def test_case2_with_spare_budget_widens_after_depth_is_exhausted():
     assert [tree_shape(trees, i) for i in range(4)] == [[1, 1, 1, 1], [1, 1, 1, 1], [1, 4], [1, 4]]
 
 
+def test_w_def_narrows_to_the_budget_share():
+    """W_def 2, depth 4, every request confident. K_max 33 over 8 requests leaves 25 drafts, a
+    share of 0.78 per request and depth: width 1, so all 8 draft depths 1-3 (24 tokens) and the
+    most confident one a fourth, where W_def 2 would give 8 requests two depth-1 siblings and only
+    4-5 a second depth. K_max 64 (share 1.75) keeps W_def 2, and so does one request."""
+    cfg = ElasticConfig(k_max=33, max_depth=4, w_def=2, w_max=4)
+    policy = ElasticPolicy(cfg, GatingConfig((1,), (0.1,)))
+    assert [policy.step_width(8, 33), policy.step_width(8, 64), policy.step_width(1, 33)] == [1, 2, 2]
+    assert policy.step_width(40, 33) == 1  # no room at all: the grant is 0 anyway
+    top1 = [[0.9 - 0.01 * b] * 4 for b in range(8)]
+    trees, state = build_trees(policy, TableDrafter(top1, 4), torch.arange(8))
+    assert state.extra["width"] == 1
+    assert [tree_shape(trees, i) for i in range(8)] == [[1, 1, 1, 1, 1]] + [[1, 1, 1, 1]] * 7
+    trees, state = build_trees(policy, TableDrafter(top1, 4), torch.arange(8), k_max=64)
+    assert state.extra["width"] == 2 and tree_shape(trees, 0)[:3] == [1, 2, 2]
+
+
 def test_budget_smaller_than_batch_degrades_to_plain_decoding():
     policy = ElasticPolicy(ElasticConfig(k_max=3, max_depth=4), GatingConfig.default())
     trees, _ = build_trees(policy, TableDrafter([[0.9] * 4] * 5, 4), torch.arange(5))

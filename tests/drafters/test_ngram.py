@@ -7,7 +7,7 @@ import torch
 
 from sglang_echo.core import POLICIES, Chain, GatingConfig, PolicyConfig, build_trees, greedy_verify, make_policy
 from sglang_echo.core.policy import Frontier
-from sglang_echo.drafters.ngram import NGramDrafter
+from sglang_echo.drafters.ngram import ALPHA, RELIABILITY, NGramDrafter
 
 
 def t(xs) -> torch.Tensor:
@@ -25,8 +25,9 @@ def root_frontier(batch: int) -> Frontier:
     )
 
 
-def prob(c: int, n: int, m: int, alpha: float = 1.0, beta: float = 1.0) -> float:
-    return c / (n + alpha) * (1 - math.exp(-beta * m))
+def prob(c: int, n: int, m: int) -> float:
+    """The module's q(x) = c_x / (n + alpha) * r_m with the default parameters."""
+    return c / (n + ALPHA) * RELIABILITY[m - 1]
 
 
 def start(drafter: NGramDrafter, prompts, first_tokens) -> None:
@@ -63,6 +64,20 @@ def test_proposals_branches_and_probabilities():
     d.start([t([1, 2, 3])])
     with pytest.raises(ValueError):
         d.catch_up([t([4])], None)
+
+
+def test_confidence_parameters():
+    """Longer matches are surer (r_m), a custom model is honoured, bad parameters name themselves."""
+    assert list(RELIABILITY) == sorted(RELIABILITY)
+    d = NGramDrafter(max_ngram=6, alpha=0.5, reliability=(0.2, 0.9))
+    assert d.reliability == (0.2, 0.9, 0.9, 0.9, 0.9, 0.9)  # longer matches take the last r_m
+    start(d, [[5, 1, 2, 5, 1]], [2])  # "5 1 2" seen once before the root: m = 3, c = n = 1
+    p = d.propose(root_frontier(1), k=1).logprob.exp()[0, 0].item()
+    assert math.isclose(p, 1 / 1.5 * 0.9, rel_tol=1e-5)
+    assert d.describe() != NGramDrafter().describe()  # a calibration file tells them apart
+    for bad in ({"alpha": 0.0}, {"reliability": ()}, {"reliability": (0.5, 1.5)}):
+        with pytest.raises(ValueError):
+            NGramDrafter(**bad)
 
 
 def test_paths_are_tracked_and_matched_inside_the_draft():

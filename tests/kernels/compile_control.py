@@ -34,7 +34,7 @@ BOOL = {
     "tree_mask",
     "valid",
 }
-INT = {"stride_c", "stride_f", "F", "stride_p", "stride_t", "B", "C", "start", "depth", "P", "W"}
+INT = {"stride_c", "stride_f", "F", "stride_p", "stride_t", "B", "C", "start", "depth", "width", "P", "W"}
 INT32 = {"out_sizes"}
 
 

@@ -95,8 +95,9 @@ def roots_for(batch, seed, device=DEVICE):
     "batch, k_per_request, w_def, w_max",
     [
         (24, 5, 1, 4),  # some requests truncated and widened
-        (70, 3, 2, 4),  # more rows than one chunk of the grant sum, not a power of two, W_def = 2
+        (70, 3, 2, 4),  # more rows than one chunk of the grant sum, not a power of two, W_def narrowed to 1
         (16, 9, 2, 8),  # a loose budget: depth everywhere, wide widening
+        (8, 30, 2, 4),  # a budget share of 4.8 per request and depth: W_def 2 granted
         (10, 0.5, 1, 4),  # K_max < B: plain decoding, nothing drafted
         (1, 6, 1, 4),  # one request
         (12, 4, 1, 3),  # W_max not a power of two
