@@ -23,10 +23,11 @@ them against a head's, so they should be acceptance probabilities. A child ``x``
 ``c_x / (n + alpha)`` is the empirical continuation frequency with ``alpha`` pseudo-counts of "none
 of these" (a suffix seen once is not a certainty); ``r_m`` is how often a repetition of ``m``
 tokens goes on as before: a shared word often does not, a shared four-token phrase almost always
-does. ``q`` is in (0, 1), grows with ``c_x`` and ``m`` (``r`` increases), and siblings sum to at
-most ``n / (n + alpha) < 1``. The defaults are fitted by maximum likelihood on the target's own
-greedy answers to the training prompts (never the dev split): ``python -m
-sglang_echo.training.ngram_fit`` measures and fits them for another target.
+does. ``q`` is in (0, 1), grows with ``c_x`` (and with ``m`` where ``r`` does), and siblings sum to at
+most ``n / (n + alpha) < 1``. The defaults are SmolLM2-135M-Instruct's, fitted by maximum
+likelihood on its own greedy answers to the training prompts (never the dev split);
+``benchmarks/ngram_confidence.py`` measures them for another target and checks them on held-out
+answers.
 """
 
 from __future__ import annotations

@@ -121,10 +121,10 @@ def with_cpu_hybrid(opts: ServerOptions, device: str) -> ServerOptions:
     :mod:`sglang_echo.integration.hybrid`) unless the user configured it (``SGLANG_ECHO_HYBRID``,
     or any ``SGLANG_ECHO_CONFIG`` file).
 
-    With SmolLM2's EAGLE-3 head the hybrid accepts 2.2 tokens per step where the head alone
+    With SmolLM2's EAGLE-3 head the hybrid accepts 2.4 tokens per step where the head alone
     accepts 1.7 (8 requests, six Spec-Bench-like prompt kinds it was never trained on), and at one
-    request serves 1.37x plain decoding where the head alone serves 1.11x
-    (``benchmarks/results/hybrid-smollm2``). GPUs keep the head alone for now: the n-gram lookups
+    request serves 1.42x plain decoding (``benchmarks/results/tight-budget-smollm2``; the head
+    alone 1.11x, ``benchmarks/results/hybrid-smollm2``). GPUs keep the head alone for now: the n-gram lookups
     run in Python on the host, per request and tree node, and at a GPU's batch sizes the step
     would wait for them."""
     if os.environ.get("SGLANG_ECHO_HYBRID") or os.environ.get("SGLANG_ECHO_CONFIG"):
