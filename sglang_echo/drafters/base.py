@@ -35,7 +35,7 @@ Contract:
 
 Inside sglang the EAGLE-3 and DART catch-up is sglang's own draft extend and ``propose`` is
 :class:`sglang_echo.integration.drafter.EagleFrontierDrafter` (EAGLE-3) or
-:class:`sglang_echo.integration.dart.DartFrontierDrafter` (DART, over :class:`.dart.DartSearch`,
+:class:`sglang_echo.integration.dart.DartFrontierDrafter` (DART, over :class:`.dart_search.DartSearch`,
 shared with the offline drafter); the classes in this package are
 the engine-agnostic drafters the offline step loop, the calibrator and the trainer's evaluation
 use, and the parameter-free ones plug into the worker unchanged.

@@ -16,7 +16,7 @@ writes every accepted pair into the draft KV pool and computes the last pair's l
   position is never committed), so nothing is written to the pool and nothing must be freed.
 * :class:`DartFrontierDrafter` is the core's drafter protocol over one step: marginal 1 from the
   draft extend, marginals ``2..d`` from :meth:`mask_logits`, and the tree search of
-  :class:`~sglang_echo.drafters.dart.DartSearch` (DART's COMBINE ranking with the n-gram trie and
+  :class:`~sglang_echo.drafters.dart_search.DartSearch` (DART's COMBINE ranking with the n-gram trie and
   the request's own n-grams, read from a :class:`~.history.TokenHistory` that each step extends
   by the tokens just committed). Any core policy builds the trees from it; sglang verifies them as
   it does EAGLE's (:mod:`.draft_worker`).
@@ -41,8 +41,9 @@ from torch import Tensor, nn
 
 from sglang_echo.core.policy import Frontier
 from sglang_echo.core.tree import Candidates
-from sglang_echo.drafters.dart import CombineConfig, DartSearch, load_head_trie
+from sglang_echo.drafters.dart import load_head_trie
 from sglang_echo.drafters.dart_head import ARCHITECTURE, MASK_KEY
+from sglang_echo.drafters.dart_search import CombineConfig, DartSearch
 from sglang_echo.platform.attention.paged_sdpa import gather_rows
 
 from .config import Drafter

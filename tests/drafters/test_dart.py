@@ -16,13 +16,9 @@ from safetensors.torch import load_file, save_file
 
 from sglang_echo.core.baselines import Chain, StaticTree
 from sglang_echo.core.policy import Frontier, build_trees
-from sglang_echo.drafters.dart import (
-    CombineConfig,
-    DartDrafter,
-    DartTreePolicy,
-    combine,
-)
+from sglang_echo.drafters.dart import DartDrafter, DartTreePolicy
 from sglang_echo.drafters.dart_head import DartConfig, DartHead
+from sglang_echo.drafters.dart_search import CombineConfig, combine
 from sglang_echo.drafters.hybrid import HybridDrafter
 from sglang_echo.drafters.ngram_trie import (
     LocalNGrams,
