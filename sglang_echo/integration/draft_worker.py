@@ -206,11 +206,7 @@ class EchoDraftWorker(EagleDraftWorker):
         else:
             forward_batch, kv_loc_plan = self._prepare_draft(batch)
             if self.echo_backlog is not None and echo.may_draft(st.cap, bs):
-                echo.sync()
-                t_catch = time.perf_counter()
                 self.record_lazy(caught_up=catch_up(self, batch, batch.spec_info, self.echo_backlog))
-                echo.sync()
-                st.catch_up_s = time.perf_counter() - t_catch
             frontier = self.step_drafter.frontier(self, batch, forward_batch, roots)
             if self.echo_ngrams is not None:  # hybrid: the requests' n-gram drafters draft too
                 frontier = self.echo_ngrams.hybrid(frontier, batch.reqs, roots)

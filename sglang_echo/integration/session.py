@@ -71,7 +71,6 @@ class StepRecord:
     # Wall seconds (see .metrics): control = build_trees minus propose, plus packing.
     control_s: float = 0.0
     propose_s: float = 0.0  # inside the drafter's propose
-    catch_up_s: float = 0.0  # inside draft_s: extending the pairs earlier plain steps deferred (.lazy_extend)
     draft_s: float = 0.0  # the drafting phase minus control_s
     verify_s: float = 0.0
     prepare_s: float = 0.0  # n-gram worker: its whole drafting phase (_prepare_draft_tokens)
@@ -173,7 +172,6 @@ class EchoSession:
                 verify_s=st.verify_s,
                 step_s=step_s,
                 cap=st.cap,
-                catch_up_s=st.catch_up_s,
             )
             self.metrics.on_budget_step(decision, step_s)
             if decision is not None and decision[1] == "explore":  # rare: every explore_every+ steps

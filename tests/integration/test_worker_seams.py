@@ -120,7 +120,6 @@ def test_the_epilogue_reports_a_step_once_whoever_drafted_it():
             verify_s=0.3,
             step_s=0.7,
             cap=8,
-            catch_up_s=0.0,
         )
     ]
 
