@@ -24,9 +24,8 @@ steps the policy actually ran, never derived from a uniform tree:
   K_i with ragged verify, B x W padded);
 * ``t_draft(B)``: seconds per draft forward (or lookup round, with its control);
 * ``t_rest(B)``: the rest of a drafting step (its draft extend, bookkeeping), the same for every
-  ``D >= 1``; at ``D = 0``, that of a step without drafts (no draft extend: the lazy extend
-  defers it), measured apart: charged a drafting step's extend, plain decoding at 8 requests on
-  a CPU was predicted at 64 ms a step where it took 44, and drafting won the model's choice.
+  ``D >= 1``; at ``D = 0``, that of a plain step, measured apart: it has no draft extend (the
+  lazy extend defers it), and charged a drafting step's, plain decoding looks dearer than it is.
 
 Each is a measured curve (:class:`CostCurve`: exponentially weighted means per half-octave of
 its size, which keeps Eq. 2's flat-then-linear shape), so the model follows the load and the
@@ -180,8 +179,7 @@ class CostModelBudget:
         self.gain = CostCurve(decay, unit=1 / 8)  # G: accepted drafts per request vs drafted per request
         self.forwards = CostCurve(decay, unit=1 / 8)  # F: draft forwards per step vs drafted per request
         self.spend = CostCurve(decay, unit=1 / 8)  # S: drafted per request vs allowed per request
-        self.premium = premium
-        # The served A/B test of the model's choice.
+        # The served A/B test of the model's choice; its premium is the model's too (best_depth).
         self.rates = RealisedRates(unit=lambda B: self.step_seconds(B, 0), premium=premium)
         self.spec_steps = 0  # steps that drafted at least one depth
         self.steps = 0
@@ -245,7 +243,7 @@ class CostModelBudget:
         unless that beats plain decoding's by ``premium``."""
         rates = [self.expected_rate(batch_size, d) for d in range(self.max_drafts + 1)]
         best = max(range(len(rates)), key=lambda d: (rates[d], -d))  # ties: the shallower
-        return best if rates[best] > (1 + self.premium) * rates[0] else 0
+        return best if rates[best] > (1 + self.rates.premium) * rates[0] else 0
 
     # -- the worker's calls ----------------------------------------------------------------------
     # Why a step drafted or not: ``warmup`` / ``explore`` (sampling steps that keep the model
