@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from sglang_echo.platform.attention.draft import build_draft_decode_metadata
+from sglang_echo.platform.attention.draft import build_draft_decode_metadata, draft_lane_metadata, lane_rows_metadata
 from sglang_echo.platform.attention.paged_sdpa import causal_mask, paged_sdpa, tree_mask
 from tests.platform.test_ops import _random_tree_mask
 
@@ -95,3 +95,20 @@ def test_draft_decode_metadata_layout() -> None:
             row = table[b * topk + k, : s + steps]
             want = torch.cat([r2t[req[b], :s], r2t[req[b], s + k * steps : s + (k + 1) * steps]])
             assert torch.equal(row, want)
+
+
+@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("step", range(3))
+def test_draft_lanes_as_queries_equal_one_row_per_lane(step: int, window) -> None:
+    """Each request's lanes attended as queries over its one KV row give every lane the output
+    of its own causal row (the prefix, then its own first step + 1 draft slots)."""
+    g = torch.Generator().manual_seed(step)
+    seq, topk, steps = torch.tensor([5, 1, 12]), 4, 3
+    kb, vb, r2t, req, q = _setup(g, seq, topk)
+    rows = lane_rows_metadata(r2t, req, seq, topk, steps, step)
+    lanes = draft_lane_metadata(r2t, req, seq, topk, steps, step)
+    row_mask = causal_mask(rows.q_lens, rows.kv_lens, 1, int(rows.kv_lens.max()), window)
+    want = paged_sdpa(q, kb, vb, rows.req_to_token, rows.req_pool_indices, rows.q_lens, rows.kv_lens, row_mask, 0.3)
+    got = paged_sdpa(q, kb, vb, r2t, req, lanes.q_lens, lanes.kv_lens, lanes.window_mask(window), 0.3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert int(lanes.visible.sum()) == topk * int((seq + step + 1).sum())  # nothing else is seen

@@ -4,7 +4,8 @@ Metadata conventions follow sglang's in-tree CPU backend (sglang/srt/layers/atte
 intel_amx_backend.py, `_build_extend_metadata`): in TARGET_VERIFY the batch carries no extend_*
 fields, every request extends by `spec_info.draft_token_num` tokens and `forward_batch.seq_lens`
 is the prefix length; an ECHO verify input marked for ragged verify gives each request its own
-query count instead. EAGLE multi-step drafting sets `draft_decode_metadata` (see draft.py).
+query count instead. EAGLE multi-step drafting sets `draft_decode_metadata` (draft.py: each
+request's lanes as queries over its one KV row).
 
 With sglang's `--enable-deterministic-inference` every mode runs the batch-invariant kernel of
 `invariant.py` (a query's bits independent of the batch, decode and verify alike) instead of
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
 
+    from sglang_echo.platform.attention.draft import DraftDecodeMetadata
+
 
 @dataclass
 class ExtendMetadata:
@@ -49,8 +52,8 @@ class EchoTorchAttnBackend(AttentionBackend):
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.extend_metadata: Optional[ExtendMetadata] = None
-        # (req_to_token, seq_lens, req_pool_indices) set by the multi-step draft backend.
-        self.draft_decode_metadata: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+        # Set by the multi-step draft backend (draft.py) for its draft steps.
+        self.draft_decode_metadata: Optional[DraftDecodeMetadata] = None
         self.deterministic = deterministic.enabled()
         # The deterministic kernel's key layout for this forward, built by its first layer.
         self.layout: Optional[KeyLayout] = None
@@ -129,20 +132,21 @@ class EchoTorchAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         self._check_layer(layer)
         self._save_kv(layer, forward_batch, k, v, save_kv_cache)
-        if self.draft_decode_metadata is not None:
-            req_to_token, seq_lens, req_pool_indices = self.draft_decode_metadata
-        else:
-            req_to_token = self.req_to_token_pool.req_to_token
-            seq_lens, req_pool_indices = forward_batch.seq_lens, forward_batch.req_pool_indices
-        kv_lens = seq_lens.to(torch.int64)
-        q_lens = torch.ones_like(kv_lens)
         window = layer.sliding_window_size if (layer.sliding_window_size or -1) > -1 else None
-        if self.deterministic:
+        md = self.draft_decode_metadata
+        if md is not None:
+            req_to_token, req_pool_indices = md.req_to_token, md.req_pool_indices
+            q_lens, kv_lens, visible = md.q_lens, md.kv_lens, md.window_mask(window)
+        else:
+            req_to_token, req_pool_indices = self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices
+            kv_lens = forward_batch.seq_lens.to(torch.int64)
+            q_lens, visible = torch.ones_like(kv_lens), None
+        if self.deterministic:  # decode, and draft steps as one causal row per lane
             if self.layout is None:
                 self.layout = causal_layout(req_to_token, req_pool_indices, q_lens, kv_lens)
             return self._invariant(q, layer, window)
-        max_kv = int(kv_lens.max())
-        visible = causal_mask(q_lens, kv_lens, 1, max_kv, window)
+        if visible is None:
+            visible = causal_mask(q_lens, kv_lens, 1, int(kv_lens.max()), window)
         o = paged_sdpa(
             q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
