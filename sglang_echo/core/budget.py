@@ -60,9 +60,12 @@ around them are an A/B test of the model's choice at the current load: the token
 committed per request, against its time in units of the predicted plain step at its size, per
 batch-size bucket. Where drafting has measurably committed fewer than plain decoding, steps are
 plain (and every ``plain_every``-th drafts, so the verdict can change); where it has committed
-more, steps draft even if the model says not to, at ``K_max(B)`` if the model sees no gain at
-all. A model fitted across loads and workloads can be wrong in ways no single curve shows; the
-served rates cannot, up to noise.
+more, steps draft even if the model says not to, at the allowance the model ranks best among
+the drafting ones. A model fitted across loads and workloads can be wrong in ways no single curve
+shows; the served rates cannot, up to noise. Which allowance paid they do not say (the drafting
+arm mixes every allowance the explorations sampled), and the model's ranking of allowances
+rests on the same measured curves as its prediction: at 8 requests on a CPU it ranks one draft
+per request (a 90 ms step) far above ``K_max(B)`` (160 ms, twice a plain step).
 
 Drafting pays a premium. Both the model and the served rates choose drafting only where it
 beats plain decoding by ``premium`` (10%), for what drafting costs beyond its own steps: the
@@ -241,9 +244,13 @@ class CostModelBudget:
     def best_depth(self, batch_size: int) -> int:
         """D*: the tokens per request to allow with the highest expected tokens per second, 0
         unless that beats plain decoding's by ``premium``."""
-        rates = [self.expected_rate(batch_size, d) for d in range(self.max_drafts + 1)]
-        best = max(range(len(rates)), key=lambda d: (rates[d], -d))  # ties: the shallower
-        return best if rates[best] > (1 + self.rates.premium) * rates[0] else 0
+        best, plain = self.best_drafting_depth(batch_size), self.expected_rate(batch_size, 0)
+        return best if self.expected_rate(batch_size, best) > (1 + self.rates.premium) * plain else 0
+
+    def best_drafting_depth(self, batch_size: int) -> int:
+        """The allowance ``D >= 1`` with the highest expected tokens per second (ties: the shallower)."""
+        rates = {d: self.expected_rate(batch_size, d) for d in range(1, self.max_drafts + 1)}
+        return max(rates, key=lambda d: (rates[d], -d), default=0)
 
     # -- the worker's calls ----------------------------------------------------------------------
     # Why a step drafted or not: ``warmup`` / ``explore`` (sampling steps that keep the model
@@ -291,8 +298,8 @@ class CostModelBudget:
         self._arm = "draft" if drafting else "plain"
         if not drafting:
             return min(k_max, B)
-        if depth == 0:  # the model sees no gain where the served rates do: draft as those steps did
-            return k_max
+        if depth == 0:  # the served rates see a gain the model does not: its best drafting allowance
+            depth = self.best_drafting_depth(B)
         k = min(k_max, B * (1 + depth))
         if k >= k_max:
             return k

@@ -149,7 +149,9 @@ def test_a_verdict_for_drafting_resets_the_exploration_gap():
 def test_measured_rates_overrule_a_model_that_says_plain():
     """The model prices drafting below plain decoding (its gains were measured on short, rejected
     trees), but served, drafting steps commit 3 tokens in 0.08 s and plain ones 1 in 0.032 s: the
-    steps draft at K_max, as those did, and every ``plain_every``-th one probes plain decoding."""
+    steps draft (at the model's best drafting allowance, raised to K_max: the verify pass was
+    measured at one size, so more tokens look free) and every ``plain_every``-th one probes plain
+    decoding."""
     budget = CostModelBudget(k_max=48, max_depth=3, warmup=0, explore_every=1000, plain_every=4)
     feed(budget, steps=3, B=1, depth=1, accept=[0.0], verify=lambda K: 0.03 * K, draft_per_depth=0.01)
     assert budget.best_depth(1) == 0
@@ -158,6 +160,22 @@ def test_measured_rates_overrule_a_model_that_says_plain():
         budget.rates.add(1, "plain", 1, 0.032)
         budget.rates.add(1, "draft", 3, 0.08)
     assert [budget.cap(1) for _ in range(8)] == [48, 1, 48, 48, 48, 1, 48, 48]  # calls 5..12: 6 and 10 probe
+
+
+def test_an_overruled_model_drafts_at_its_best_drafting_allowance():
+    """Served, drafting wins where the model says plain (at 8 requests on a CPU, noise can do that):
+    the steps draft at the allowance the model ranks best among the drafting ones (one draft per
+    request, whose verify costs the least), not at K_max, the dearest step there is."""
+    budget = CostModelBudget(k_max=48, max_depth=4, warmup=0, explore_every=1000, plain_every=1000)
+    verify = lambda K: 0.04 + 0.002 * K  # noqa: E731
+    for depth in (1, 2, 3, 4):
+        feed(budget, steps=4, B=8, depth=depth, accept=[0.3, 0.2, 0.1, 0.05], verify=verify, draft_per_depth=0.01)
+    assert budget.best_depth(8) == 0 and budget.best_drafting_depth(8) == 1
+    for _ in range(budget.rates.min_samples):
+        budget.rates.add(8, "plain", 8, 0.056)
+        budget.rates.add(8, "draft", 12, 0.07)
+    assert budget.rates.verdict(8) == "draft"
+    assert budget.cap(8) == 16  # 8 roots + one draft each: verify(17) would add more than 2% of the step
 
 
 def test_plain_steps_probe_the_alternative_while_drafting_pays():
