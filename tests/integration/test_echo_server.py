@@ -271,5 +271,7 @@ def test_lazy_extend_drafts_as_eager_smollm2(smollm2_dir, smollm2_prompts, smoll
         f"(of {sum(v[1] for v in conf[4].values())}; {len(deeper)} of them at depth 2 too); "
         f"largest |c_d lazy - c_d eager| {diffs.get(worst, float('nan')):.2e} at {worst}"
     )
-    assert len(after_catch_up) >= WORKERS // 2 and deeper  # 14 catch-ups measured, 9 at positions both drafted
+    # How many catch-ups land on positions both servers drafted is the host's timing: 7 of 14 alone,
+    # 3 of 7 beside two other test workers. Two, one at depth 2 as well, make the check below bite.
+    assert len(after_catch_up) >= 2 and deeper
     assert diffs[worst] < 1e-3  # float32 everywhere: only batch-shape rounding may differ
