@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from sglang_echo.platform.attention.draft import draft_lane_metadata, lane_rows_metadata
+from sglang_echo.platform.attention.draft import build_draft_decode_metadata, draft_lane_metadata, lane_rows_metadata
 from sglang_echo.platform.attention.paged_sdpa import causal_mask, paged_sdpa
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M and its draft heads
@@ -26,7 +26,7 @@ SHAPES = [(1, 300), (8, 300), (8, 600), (32, 300), (64, 300)]  # (requests, pref
 
 
 def one_row_per_lane(q, kb, vb, r2t, req, seq, topk, steps, step):
-    md = lane_rows_metadata(r2t, req, seq, topk, steps, step)
+    md = lane_rows_metadata(build_draft_decode_metadata(r2t, req, seq, topk, steps), seq, topk, step)
     visible = causal_mask(md.q_lens, md.kv_lens, 1, int(md.kv_lens.max()))
     return paged_sdpa(q, kb, vb, md.req_to_token, md.req_pool_indices, md.q_lens, md.kv_lens, visible, 0.125)
 

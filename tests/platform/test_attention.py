@@ -105,7 +105,7 @@ def test_draft_lanes_as_queries_equal_one_row_per_lane(step: int, window) -> Non
     g = torch.Generator().manual_seed(step)
     seq, topk, steps = torch.tensor([5, 1, 12]), 4, 3
     kb, vb, r2t, req, q = _setup(g, seq, topk)
-    rows = lane_rows_metadata(r2t, req, seq, topk, steps, step)
+    rows = lane_rows_metadata(build_draft_decode_metadata(r2t, req, seq, topk, steps), seq, topk, step)
     lanes = draft_lane_metadata(r2t, req, seq, topk, steps, step)
     row_mask = causal_mask(rows.q_lens, rows.kv_lens, 1, int(rows.kv_lens.max()), window)
     want = paged_sdpa(q, kb, vb, rows.req_to_token, rows.req_pool_indices, rows.q_lens, rows.kv_lens, row_mask, 0.3)
