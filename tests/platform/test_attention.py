@@ -112,3 +112,73 @@ def test_draft_lanes_as_queries_equal_one_row_per_lane(step: int, window) -> Non
     got = paged_sdpa(q, kb, vb, r2t, req, lanes.q_lens, lanes.kv_lens, lanes.window_mask(window), 0.3)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert int(lanes.visible.sum()) == topk * int((seq + step + 1).sum())  # nothing else is seen
+
+
+class _Pool:
+    """The draft KV pool's surface the backend uses: one layer of keys and values."""
+
+    start_layer, layer_num = 0, 1
+
+    def __init__(self, g):
+        self.k, self.v = torch.randn(POOL, HKV, D, generator=g), torch.randn(POOL, HKV, D, generator=g)
+
+    def get_key_buffer(self, layer_id):
+        return self.k
+
+    def get_value_buffer(self, layer_id):
+        return self.v
+
+    def set_kv_buffer(self, layer, loc, k, v):
+        self.k[loc.loc], self.v[loc.loc] = k, v
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_draft_steps_over_lane_subsets_equal_padded_lanes(deterministic: bool) -> None:
+    """Draft steps that run only the frontier's lanes (1, then 3, then 2 of 4) give those lanes the
+    outputs of the padded layout, where every lane runs and the lanes beyond the frontier are
+    duplicates of lane 0 (what EAGLE's drafter feeds them)."""
+    from types import SimpleNamespace
+
+    from sglang_echo.platform.attention.draft import EchoTorchMultiStepDraftBackend
+
+    g = torch.Generator().manual_seed(7)
+    seq, topk, steps, lanes_run = torch.tensor([5, 1, 12]), 4, 4, [1, 3, 2]
+    bs = len(seq)
+    _, _, r2t, req, _ = _setup(g, seq, 1)
+    pools = {name: _Pool(torch.Generator().manual_seed(1)) for name in ("padded", "subset")}
+    layer = SimpleNamespace(
+        layer_id=0, tp_q_head_num=H, qk_head_dim=D, v_head_dim=D, scaling=0.3, sliding_window_size=None,
+        is_cross_attention=False, logit_cap=0,
+    )  # fmt: skip
+    backends = {}
+    for name, pool in pools.items():
+        runner = SimpleNamespace(
+            device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=r2t), token_to_kv_pool=pool
+        )
+        backends[name] = EchoTorchMultiStepDraftBackend(runner, topk, steps)
+        for b in backends[name].attn_backends:
+            b.deterministic = deterministic
+        backends[name].init_forward_metadata(SimpleNamespace(seq_lens=seq, req_pool_indices=req))
+    slots = torch.stack([r2t[req[b], int(seq[b]) :][: topk * steps].long().view(topk, steps) for b in range(bs)])
+    for step, lanes in enumerate(lanes_run):
+        q, k, v = (torch.randn(bs, lanes, H * D if i == 0 else HKV * D, generator=g) for i in range(3))
+
+        def padded(t):  # lanes beyond the frontier: duplicates of lane 0
+            return torch.cat([t, t[:, :1].expand(-1, topk - lanes, -1)], 1).reshape(bs * topk, -1)
+
+        def rows(t):
+            return t.reshape(bs * lanes, -1)
+
+        out_p = backends["padded"].attn_backends[step].forward_decode(
+            padded(q), padded(k).view(-1, HKV, D), padded(v).view(-1, HKV, D), layer,
+            SimpleNamespace(out_cache_loc=slots[:, :, step].reshape(-1)),
+        )  # fmt: skip
+        backends["subset"].select_lanes(step, lanes)
+        out_s = backends["subset"].attn_backends[step].forward_decode(
+            rows(q), rows(k).view(-1, HKV, D), rows(v).view(-1, HKV, D), layer,
+            SimpleNamespace(out_cache_loc=slots[:, :lanes, step].reshape(-1)),
+        )  # fmt: skip
+        want = out_p.view(bs, topk, -1)[:, :lanes]
+        torch.testing.assert_close(out_s.view(bs, lanes, -1), want, rtol=1e-5, atol=1e-6)
+    # Lane 1 ran from step 1 on: its step-0 slot now holds lane 0's keys, as the padded pool's does.
+    assert torch.equal(pools["subset"].k[slots[:, 1, 0]], pools["padded"].k[slots[:, 1, 0]])

@@ -20,7 +20,7 @@ is causal over each row's own key list, which is what decoding that lane alone w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -55,6 +55,24 @@ class DraftDecodeMetadata:
         if window is None or self.visible is None:
             return self.visible
         return self.visible & (self.key_pos[:, None, :] >= (self.q_pos - window)[:, :, None])
+
+    def first_lanes(self, lanes: int, topk: int) -> DraftDecodeMetadata:
+        """The step restricted to the first ``lanes`` of each request's ``topk`` lanes: query
+        ``b * lanes + k`` is lane k of request b."""
+        if self.visible is not None:  # the lanes as queries over the request's row
+            return replace(
+                self,
+                q_lens=torch.full_like(self.q_lens, lanes),
+                visible=self.visible[:, :lanes],
+                q_pos=self.q_pos[:, :lanes],
+            )
+
+        def keep(t: torch.Tensor) -> torch.Tensor:  # one row per lane
+            return t.view(-1, topk)[:, :lanes].reshape(-1)
+
+        return replace(
+            self, req_pool_indices=keep(self.req_pool_indices), q_lens=keep(self.q_lens), kv_lens=keep(self.kv_lens)
+        )
 
 
 def draft_lane_metadata(
@@ -121,6 +139,12 @@ def lane_rows_metadata(table: torch.Tensor, seq_lens: torch.Tensor, topk: int, s
 
 
 class EchoTorchMultiStepDraftBackend:
+    """sglang's multi-step draft backend for `echo_torch`: one :class:`EchoTorchAttnBackend` per
+    draft step, each with its step's :class:`DraftDecodeMetadata`.
+
+    A draft step may run fewer than ``topk`` lanes (:meth:`select_lanes`), so that a narrow
+    frontier costs its own lanes and not ``topk`` padded ones."""
+
     def __init__(self, model_runner: ModelRunner, topk: int, speculative_num_steps: int):
         self.topk = topk
         self.speculative_num_steps = speculative_num_steps
@@ -128,6 +152,10 @@ class EchoTorchMultiStepDraftBackend:
         self.attn_backends: list[EchoTorchAttnBackend] = [
             EchoTorchAttnBackend(model_runner) for _ in range(speculative_num_steps - 1)
         ]
+        self._metadata: list[DraftDecodeMetadata] = []  # every lane's, per step
+        self._lanes_run: list[int] = []  # lanes each step ran (topk unless selected)
+        self._slots: Optional[torch.Tensor] = None  # [bs, topk, steps] draft KV slots, built on use
+        self._rows: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (req_to_token rows, seq_lens)
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         req_to_token = self.attn_backends[0].req_to_token_pool.req_to_token
@@ -136,11 +164,49 @@ class EchoTorchMultiStepDraftBackend:
         table = None  # the batch-invariant mode's rows, one per lane, shared by every step
         if self.attn_backends[0].deterministic:
             table = build_draft_decode_metadata(req_to_token, req_pool_indices, seq_lens, self.topk, steps)
-        for step, backend in enumerate(self.attn_backends):
+        self._metadata = [
+            draft_lane_metadata(req_to_token, req_pool_indices, seq_lens, self.topk, steps, step)
+            if table is None
+            else lane_rows_metadata(table, seq_lens, self.topk, step)
+            for step in range(len(self.attn_backends))
+        ]
+        for backend, md in zip(self.attn_backends, self._metadata):
             backend.extend_metadata = None
-            backend.draft_decode_metadata = (
-                draft_lane_metadata(req_to_token, req_pool_indices, seq_lens, self.topk, steps, step)
-                if table is None
-                else lane_rows_metadata(table, seq_lens, self.topk, step)
-            )
+            backend.draft_decode_metadata = md
             backend.layout = None
+        self._lanes_run = [self.topk] * len(self.attn_backends)
+        self._rows, self._slots = (req_to_token[req_pool_indices.to(torch.int64)], seq_lens), None
+
+    def select_lanes(self, step: int, lanes: int) -> None:
+        """Draft step ``step`` runs the first ``lanes`` lanes of each request (row ``b * lanes + k``
+        of its forward is lane k of request b), the caller's ``out_cache_loc`` their slots.
+
+        What a lane sees is unchanged: a lane an earlier step did not run gets lane 0's KV at that
+        step (copied here, before the lane reads it), which is what the padded layout, feeding the
+        lanes beyond the frontier duplicates of lane 0, writes there. One EAGLE draft layer's keys
+        are a function of the lane's own token, hidden state and position only."""
+        if not 1 <= lanes <= self.topk:
+            raise ValueError(f"a draft step runs 1 to topk={self.topk} lanes, not {lanes}")
+        for earlier in range(step):
+            if self._lanes_run[earlier] < lanes:
+                self._copy_lane0(earlier, self._lanes_run[earlier], lanes)
+                self._lanes_run[earlier] = lanes
+        self._lanes_run[step] = lanes
+        backend = self.attn_backends[step]
+        backend.draft_decode_metadata = self._metadata[step].first_lanes(lanes, self.topk)
+        backend.layout = None
+
+    def _copy_lane0(self, step: int, first: int, end: int) -> None:
+        """Lane 0's draft KV at ``step`` into lanes ``[first, end)`` (every layer of the draft pool)."""
+        if self._slots is None:  # slot of (b, lane k, step t): seq_len + k * num_steps + t of b's row
+            rows, seq = self._rows
+            steps = self.speculative_num_steps
+            lane_col = torch.arange(self.topk * steps, device=seq.device).view(self.topk, steps)
+            cols = seq.to(torch.int64)[:, None] + lane_col.flatten()[None, :]
+            self._slots = rows.gather(1, cols).to(torch.int64).view(-1, self.topk, steps)
+        src = self._slots[:, :1, step].expand(-1, end - first).reshape(-1)
+        dst = self._slots[:, first:end, step].reshape(-1)
+        pool = self.attn_backends[0].token_to_kv_pool
+        for layer_id in range(pool.start_layer, pool.start_layer + pool.layer_num):
+            for buf in (pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)):
+                buf[dst] = buf[src]
