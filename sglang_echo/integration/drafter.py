@@ -82,7 +82,7 @@ class EagleFrontierDrafter:
         B, F = frontier.slots.shape
         parent = torch.arange(F, device=index.device)[None, :, None].expand(B, F, k)
         valid = frontier.valid[:, :, None].expand(B, F, k)
-        rows = torch.arange(B, device=index.device)[:, None, None] * self.lanes + parent.clamp(max=self.lanes - 1)
+        rows = self._lane_rows(torch.arange(B, device=index.device)[:, None, None], parent)
         return self._candidates(
             probs.reshape(B, F * k),
             index.reshape(B, F * k),
@@ -97,7 +97,7 @@ class EagleFrontierDrafter:
         request ``b``'s root row at depth 0, else lane ``f`` of request ``b``."""
         B = parent.shape[0]
         b = torch.arange(B, device=parent.device)[:, None]
-        rows = b.expand_as(parent) if self._root_step else b * self.lanes + parent.clamp(max=self.lanes - 1)
+        rows = b.expand_as(parent) if self._root_step else self._lane_rows(b, parent)
         self._cand_rows = adopt_columns(self._cand_rows, rows.to(self._cand_rows), before)
 
     # -- internals ---------------------------------------------------------------------------
@@ -161,6 +161,11 @@ class EagleFrontierDrafter:
             return self.topk
         used = valid.any(0)
         return max(1, int((used * torch.arange(1, used.numel() + 1, device=used.device)).max()))
+
+    def _lane_rows(self, b: Tensor, parent: Tensor) -> Tensor:
+        """The last draft forward's row of frontier slot ``parent`` of request ``b`` (a slot beyond
+        the lanes run is empty: any row of its request will do)."""
+        return b * self.lanes + parent.clamp(max=self.lanes - 1)
 
     def _first_lanes(self, t: Tensor, lanes: int) -> Tensor:
         """The entries of each request's first ``lanes`` lanes of a ``[bs * topk]`` tensor."""

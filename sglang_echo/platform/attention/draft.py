@@ -154,8 +154,7 @@ class EchoTorchMultiStepDraftBackend:
         ]
         self._metadata: list[DraftDecodeMetadata] = []  # every lane's, per step
         self._lanes_run: list[int] = []  # lanes each step ran (topk unless selected)
-        self._slots: Optional[torch.Tensor] = None  # [bs, topk, steps] draft KV slots, built on use
-        self._rows: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (req_to_token rows, seq_lens)
+        self._batch: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (req_pool_indices, seq_lens)
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         req_to_token = self.attn_backends[0].req_to_token_pool.req_to_token
@@ -175,7 +174,7 @@ class EchoTorchMultiStepDraftBackend:
             backend.draft_decode_metadata = md
             backend.layout = None
         self._lanes_run = [self.topk] * len(self.attn_backends)
-        self._rows, self._slots = (req_to_token[req_pool_indices.to(torch.int64)], seq_lens), None
+        self._batch = (req_pool_indices, seq_lens)
 
     def select_lanes(self, step: int, lanes: int) -> None:
         """Draft step ``step`` runs the first ``lanes`` lanes of each request (row ``b * lanes + k``
@@ -198,14 +197,13 @@ class EchoTorchMultiStepDraftBackend:
 
     def _copy_lane0(self, step: int, first: int, end: int) -> None:
         """Lane 0's draft KV at ``step`` into lanes ``[first, end)`` (every layer of the draft pool)."""
-        if self._slots is None:  # slot of (b, lane k, step t): seq_len + k * num_steps + t of b's row
-            rows, seq = self._rows
-            steps = self.speculative_num_steps
-            lane_col = torch.arange(self.topk * steps, device=seq.device).view(self.topk, steps)
-            cols = seq.to(torch.int64)[:, None] + lane_col.flatten()[None, :]
-            self._slots = rows.gather(1, cols).to(torch.int64).view(-1, self.topk, steps)
-        src = self._slots[:, :1, step].expand(-1, end - first).reshape(-1)
-        dst = self._slots[:, first:end, step].reshape(-1)
+        req, seq = self._batch
+        req_to_token = self.attn_backends[0].req_to_token_pool.req_to_token
+        # Lane k's slot at step t: column seq_len + k * num_steps + t of the request's row.
+        lanes = torch.arange(end, device=seq.device) * self.speculative_num_steps + step
+        slots = req_to_token[req.to(torch.int64)[:, None], seq.to(torch.int64)[:, None] + lanes].to(torch.int64)
+        src = slots[:, :1].expand(-1, end - first).reshape(-1)
+        dst = slots[:, first:end].reshape(-1)
         pool = self.attn_backends[0].token_to_kv_pool
         for layer_id in range(pool.start_layer, pool.start_layer + pool.layer_num):
             for buf in (pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)):
