@@ -98,6 +98,8 @@ from .cost_curve import CostCurve, half_octave
 from .kmax import KMax
 from .served_rates import RealisedRates
 
+REST_SLACK_S = 5e-3  # t_rest samples within 5 ms of their mean are never outliers (CostCurve.slack)
+
 
 @dataclass
 class Exploring:
@@ -176,9 +178,10 @@ class CostModelBudget:
         self.free_share = free_share  # verify time a step may add for free tokens (see cap)
         self.verify = CostCurve(decay, outlier=4.0)  # seconds vs target tokens
         self.draft = CostCurve(decay, outlier=4.0)  # seconds per draft forward vs batch size
-        # The rest of the step vs batch size (a few ms, often near 0: no outlier bound), drafting
-        # steps' (with their draft extend) and plain steps' apart.
-        self.rest, self.plain_rest = CostCurve(decay), CostCurve(decay)
+        # The rest of the step vs batch size, drafting steps' (with their draft extend) and plain
+        # steps' apart: a few ms, often near 0, so bounded only beyond 5 ms of the mean, which
+        # keeps a one-off spike (a buffer's first allocation: 58 ms against 1) out of the model.
+        self.rest, self.plain_rest = (CostCurve(decay, outlier=4.0, slack=REST_SLACK_S) for _ in range(2))
         self.gain = CostCurve(decay, unit=1 / 8)  # G: accepted drafts per request vs drafted per request
         self.forwards = CostCurve(decay, unit=1 / 8)  # F: draft forwards per step vs drafted per request
         self.spend = CostCurve(decay, unit=1 / 8)  # S: drafted per request vs allowed per request

@@ -57,29 +57,34 @@ class CostCurve:
     A single line would miss Eq. 2's knee: on a CPU a verify of 1 or 8 tokens costs about the
     same, while the slope over 1..256 tokens charges every token alike."""
 
-    def __init__(self, decay: float = 0.98, unit: float = 1.0, outlier: Optional[float] = None) -> None:
+    def __init__(
+        self, decay: float = 0.98, unit: float = 1.0, outlier: Optional[float] = None, slack: float = 0.0
+    ) -> None:
         """``outlier`` (times, for timings): a sample that far above its bucket's mean counts as
-        that bound; one that far below it restarts the bucket (see :meth:`add`)."""
+        that bound; one that far below it restarts the bucket (see :meth:`add`). ``slack`` (in y's
+        unit): a sample within it of the mean is never an outlier, for costs near 0 whose ratios
+        mean nothing (0.1 ms against 1 ms)."""
         self.decay, self.unit = decay, unit  # unit: the smallest x told apart (x <= unit share a bucket)
-        self.outlier = outlier
+        self.outlier, self.slack = outlier, slack
         self.line = LineFit(decay)
         self._buckets: dict[int, list[float]] = {}  # round(2 log2 x) -> [w, wx, wy]
         self._joined: Optional[tuple[list[float], list[float], float]] = None  # (xs, ys, slope) until add
 
     def add(self, x: float, y: float) -> None:
-        """One sample. With ``outlier`` set, a time ``outlier`` times its bucket's mean counts as
-        that bound, and one ``outlier`` times below it starts the bucket afresh: a process's first
-        steps run cold (kernel selection, first-touch memory, servers starting beside it) at 3-4 s
-        against 40 ms, and an exponentially weighted mean seeded by one such step stayed 4 times
-        too high for twenty steps."""
+        """One sample. With ``outlier`` set, a time ``outlier`` times its bucket's mean (and more
+        than ``slack`` above it) counts as that bound, and one ``outlier`` times below it (and more
+        than ``slack`` below) starts the bucket afresh: a process's first steps run cold (kernel
+        selection, first-touch memory, servers starting beside it) at 3-4 s against 40 ms, and an
+        exponentially weighted mean seeded by one such step stayed 4 times too high for twenty
+        steps."""
         key = half_octave(x / self.unit)
         b = self._buckets.get(key)
         if self.outlier is not None and b is not None and b[0] > 0:
             mean = b[2] / b[0]
-            if y * self.outlier < mean:
+            if y * self.outlier < mean and mean - y > self.slack:
                 b = None  # the bucket's mean was cold
             else:
-                y = min(y, self.outlier * mean)
+                y = min(y, max(self.outlier * mean, mean + self.slack))
         if b is None:
             b = self._buckets[key] = [0.0, 0.0, 0.0]
         self.line.add(x, y)

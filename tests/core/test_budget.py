@@ -493,3 +493,16 @@ def test_a_plain_steps_rest_is_measured_on_plain_steps_alone():
     assert budget.plain_rest.predict(B) == pytest.approx(0.0008)
     assert budget.rest.predict(B) == pytest.approx(0.006)
     assert budget.step_seconds(B, 0) == pytest.approx(0.0408)
+
+
+def test_a_one_off_slow_step_does_not_hold_the_rest_high():
+    """A server's first plain step paid a 58 ms allocation against a 1 ms rest: the model forgets
+    it at the next step, and a later spike counts as 5 ms above the mean, not 58."""
+    B = 8
+    budget = CostModelBudget(k_max=33, max_depth=3, decay=1.0)
+    for rest in (0.058, 0.001, 0.0012, 0.0008, 0.058, 0.001):
+        budget.observe_step(
+            batch_size=B, target_tokens=B, verified_tokens=B, draft_forwards=0, draft_s=0.0, verify_s=0.060,
+            step_s=0.060 + rest, cap=B,
+        )  # fmt: skip
+    assert budget.plain_rest.predict(B) == pytest.approx((0.001 + 0.0012 + 0.0008 + 0.006 + 0.001) / 5)

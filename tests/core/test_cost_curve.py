@@ -69,3 +69,21 @@ def test_timings_bound_outliers_and_restart_a_cold_bucket():
     plain.add(8, 3.5)
     plain.add(8, 0.040)
     assert plain.predict(8) > 1.0
+
+
+def test_slack_keeps_near_zero_costs_and_still_bounds_spikes():
+    """Costs near 0 (a step's rest, about 1 ms): ratios within ``slack`` of the mean are noise,
+    not outliers, while a one-off 58 ms step (a buffer's first allocation) is still bounded, and
+    a bucket it seeded restarts."""
+    curve = CostCurve(outlier=4.0, slack=0.005)
+    for y in (0.001, 0.0001, 0.001):  # 10x below the mean, but within the slack: kept
+        curve.add(8, y)
+    mean = (0.98**2 * 0.001 + 0.98 * 0.0001 + 0.001) / (0.98**2 + 0.98 + 1)
+    assert curve.predict(8) == pytest.approx(mean)
+    curve.add(8, 0.058)  # a spike: counted as the mean plus the slack
+    w = 0.98**2 + 0.98 + 1  # the three samples' weight
+    assert curve.predict(8) == pytest.approx((0.98 * w * mean + mean + 0.005) / (0.98 * w + 1))
+    seeded = CostCurve(outlier=4.0, slack=0.005)
+    seeded.add(8, 0.058)  # the first step
+    seeded.add(8, 0.001)
+    assert seeded.predict(8) == pytest.approx(0.001)
