@@ -15,7 +15,9 @@ Stages, each resumable (rerun the same command after an interruption):
 
 The report's learning curve: top-1 per unrolled step on the prompt pool's dev split (``--dev-per-kind``
 prompts of every kind, answered by the target into ``DATA/dev/<kind>``, never trained on), before
-the first step and every ``--probe-every`` steps, against the training tokens seen.
+the first step and every ``--probe-every`` steps, against the training tokens seen. The head's
+``learning_curve.json`` (and ``.png``) continues the ``--init-from`` head's curve where both
+probed the same dev split (``training.learning_curve``).
 
 Kinds register in ``KINDS``; DART and DFlash slot in with their own objective.
 """
@@ -373,13 +375,18 @@ def _train(args) -> None:
             target_layer_ids=list(model.cfg.target_layer_ids),
             mask_token_id=model.cfg.mask_token_id,
         )
+    if report.get("curve"):
+        from .learning_curve import CURVE_FILE, continued, earlier_curve, plot
+
+        earlier, why = earlier_curve(args.init_from, args.dev_per_kind, set(dev)) if args.init_from else ([], "")
+        if why:
+            print(f"[train] learning curve: {why}")
+        curve = continued(earlier, report["curve"])
+        (args.out / CURVE_FILE).write_text(json.dumps(curve, indent=1) + "\n")
+        if figure := plot(curve, args.out / "learning_curve.png", title=f"{args.kind} on {target.name}"):
+            print(f"[train] learning curve: {figure}")
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
-    if report.get("curve"):
-        from .learning_curve import plot
-
-        if figure := plot(report["curve"], args.out / "learning_curve.png", title=f"{args.kind} on {target.name}"):
-            print(f"[train] learning curve: {figure}")
 
 
 if __name__ == "__main__":

@@ -239,6 +239,10 @@ def test_cli_trains_a_head_sglang_can_load(tmp_path, smollm2_dir, capsys):
     report = json.loads((more / "training_report.json").read_text())
     assert report["init_from"] == str(out) and report["eagle3_teacher"] == "target"
     assert len(report["init_eval_top1_per_step"]) == 2  # the starting head, on the same held-out rows
+    # Its learning curve goes on from the first run's (the same dev split).
+    history = json.loads((more / "learning_curve.json").read_text())
+    assert history[: len(curve)] == curve and history[-1]["run"] == 1
+    assert history[-1]["tokens"] == curve[-1]["tokens"] + report["curve"][-1]["tokens"]
     again = Eagle3Head.load(more, embed)
     assert torch.equal(again.t2d, head.t2d) and not torch.equal(again.fc.weight, head.fc.weight)
     assert main([*args[:-4], "--draft-vocab", "256", "--init-from", str(out), "--out", str(tmp_path / "other")]) == 1
