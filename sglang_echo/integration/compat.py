@@ -597,6 +597,18 @@ HOOKS: tuple[Hook, ...] = (
         "simulate: [B] tokens before the step's (the root's position; after an extend, its length)",
     ),
     Hook("sglang.srt.managers.schedule_batch", "Req.origin_input_ids", None, "simulate: a request's trace stream"),
+    Hook(
+        "sglang.srt.managers.schedule_batch",
+        "ScheduleBatch.chunked_req_next_prompt_token",
+        None,
+        "lazy extend: set while a request is between chunks of its prefill (that prefill extends eagerly)",
+    ),
+    Hook(
+        "sglang.srt.sampling.sampling_params",
+        "SamplingParams.max_new_tokens",
+        None,
+        "lazy extend: a prefill defers its extend only if prompt and reply fit the backlog",
+    ),
     # -- the request guard (integration/request_guard.py; registered by plugin.register, every server) --
     Hook(
         _TM,

@@ -25,8 +25,9 @@ stay reachable as ``eagle_*`` for the drafters that keep them.
 * Hybrid drafting (:mod:`.hybrid`, ``hybrid``): the step drafter's frontier drafter and each
   request's n-gram drafter propose into the same trees.
 * Lazy extend (:mod:`.lazy_extend`, ``lazy_extend``, drafters that draft from EAGLE's draft
-  extend): a plain step (every ``K_i = 1``) skips the draft extend and keeps its pairs; the next
-  step that may draft extends over them first, so runs of plain steps cost about a plain decode step.
+  extend): a plain step (every ``K_i = 1``) skips the draft extend and keeps its pairs, and so
+  does a prefill whose new tokens and replies fit the backlog; the next step that may draft extends over them
+  first, so runs of plain steps cost about a plain decode step.
 * Timing (:mod:`.metrics`): :meth:`~EchoDraftWorker.draft` splits its wall time into control
   (``build_trees`` minus the drafter's ``propose``, plus packing) and drafting.
 """
@@ -49,7 +50,15 @@ from sglang_echo.drafters.hybrid import NGRAM
 
 from .drafting import StepDrafter
 from .hybrid import RequestNgrams
-from .lazy_extend import DraftBacklog, catch_up, defer_extend, lazy_extend_applies, pool_slots, root_positions
+from .lazy_extend import (
+    DraftBacklog,
+    catch_up,
+    defer_extend,
+    defer_prefill,
+    lazy_extend_applies,
+    pool_slots,
+    root_positions,
+)
 from .metrics import TimedDrafter
 from .ragged import VerifyMode, mark_verify
 from .session import EchoSession, StepRecord
@@ -114,6 +123,9 @@ class EchoDraftWorker(EagleDraftWorker):
     ):
         if self.echo_backlog is not None and not batch.forward_mode.is_idle():
             self.echo_backlog.clear(pool_slots(batch))  # a new request in the slot
+            deferred = defer_prefill(self, batch, target_hidden_states, next_token_ids, mm_input_embeds)
+            if deferred is not None:
+                return deferred
         return self.step_drafter.extend_for_prefill(
             self, batch, target_hidden_states, next_token_ids, mm_input_embeds, kv_loc_plan
         )

@@ -15,6 +15,14 @@ a pair's KV depends on the pair alone, and causal attention over the positions i
 computes the same outputs whether they come one per forward or all in one. Until then the
 relayed top-k of a pending request is a zero placeholder (probability 0: never proposed).
 
+A prefill's draft extend waits the same way (:func:`defer_prefill`) when each request's new
+tokens and its longest reply fit its backlog: its pairs are the prompt's (features at ``p``,
+token at ``p + 1``, the sampled token after the last). A request that never drafts (a batch at
+or over ``K_max``) then never pays for it, and one whose prompt was cached (two new tokens:
+sglang's EAGLE radix keys are bigrams) skips a draft forward that cost about 6 ms of a 70 ms
+prefill on the CPU. The prompt's catch-up then runs in the request's first drafting step, whose
+time the cost budget charges to drafting: a request decoded plainly to its end never needs it.
+
 The backlog is indexed by the request's ``req_pool_idx``: it is stable while the request lives,
 so filtering and merging batches needs nothing, and a prefill (a new request in the slot, or a
 retracted one coming back) clears it. Host-side lengths decide without a device sync.
@@ -66,6 +74,15 @@ class DraftBacklog:
 
     def append(self, slots: list[int], feats: Tensor, tokens: Tensor) -> None:
         """One pair per request: ``feats [bs, F]`` at each request's next position, ``tokens [bs]``."""
+        self.extend(slots, torch.ones(len(slots), dtype=torch.int64), feats, tokens)
+
+    def fits(self, slots: list[int], counts: Tensor) -> bool:
+        """Whether ``counts [bs]`` more pairs fit each slot's backlog."""
+        return bool((self.lens[slots] + counts <= self.capacity).all())
+
+    def extend(self, slots: list[int], counts: Tensor, feats: Tensor, tokens: Tensor) -> None:
+        """``counts[i]`` pairs for request ``i`` (host ``int64 [bs]``), packed back to back in
+        ``feats [sum counts, F]`` and ``tokens [sum counts]`` in position order."""
         if self.feats is None:
             # Uninitialised: a cell is read only once written (``lens``), and zero-filling the whole
             # backlog (217 MiB for SmolLM2 on 257 slots) cost the first plain step 58 ms on a CPU,
@@ -80,13 +97,16 @@ class DraftBacklog:
                 feats.shape[-1],
                 self.feats.numel() * self.feats.element_size() / 2**20,
             )
-        if self.full(slots):
+        if not self.fits(slots, counts):
             raise RuntimeError("ECHO lazy extend: backlog full; catch up before appending")
         n = self.lens[slots]
-        cells = (torch.tensor(slots) * self.capacity + n).to(self.device)  # row-major (slot, column) cells
+        starts = torch.cumsum(counts, 0) - counts  # each request's first row in feats
+        rows = torch.repeat_interleave(torch.arange(len(slots)), counts)
+        columns = n[rows] + torch.arange(int(counts.sum())) - starts[rows]
+        cells = (torch.tensor(slots)[rows] * self.capacity + columns).to(self.device)  # row-major (slot, column)
         self.feats.view(-1, self.feats.shape[-1]).index_copy_(0, cells, feats.to(self.feats.dtype))
         self.tokens.view(-1).index_copy_(0, cells, tokens.to(torch.int64))
-        self.lens[slots] = n + 1
+        self.lens[slots] = n + counts
 
 
 def lazy_extend_applies(server_args, cfg) -> bool:
@@ -178,6 +198,33 @@ def catch_up(worker, batch, draft_input, backlog: DraftBacklog) -> int:
     if draft_input.hidden_states is not None and out.hidden_states is not None:
         draft_input.hidden_states[rows_dev] = out.hidden_states.to(draft_input.hidden_states.dtype)
     return int(n.sum())
+
+
+def defer_prefill(worker, batch, target_hidden_states: Tensor, next_token_ids: Tensor, mm_input_embeds):
+    """A prefill's draft extend, deferred where it can wait: its pairs go into the backlog (each
+    slot was cleared for its new request) and the requests relay the placeholder draft input it
+    returns, as after a plain step. Returns None, deferring nothing, for a batch that must extend now:
+    multimodal inputs (the catch-up feeds token ids only), a request between chunks of a chunked
+    prefill (its next chunk's prefill clears its slot), or a request whose new tokens and longest
+    reply (``max_new_tokens``) may not fit its backlog. Deferring never fills a backlog, so it never
+    forces a catch-up the eager extend would not have: a request that plain-decodes to its end
+    never extends, and one that drafts extends its prompt once, in the catch-up before."""
+    if mm_input_embeds is not None or batch.chunked_req_next_prompt_token is not None:
+        return None
+    backlog, slots = worker.echo_backlog, pool_slots(batch)
+    counts = torch.tensor(batch.extend_lens, dtype=torch.int64)
+    replies = [r.sampling_params.max_new_tokens for r in batch.reqs]
+    if None in replies or not backlog.fits(slots, counts + torch.tensor(replies, dtype=torch.int64)):
+        return None
+    # The pair at p is (features at p, token at p + 1): the prompt shifted left by one, each
+    # request's last position followed by its sampled token (sglang's prefill extend, unchunked).
+    ids = batch.input_ids
+    tokens = torch.empty_like(ids)
+    tokens[:-1] = ids[1:]
+    tokens[(torch.cumsum(counts, 0) - 1).to(ids.device)] = next_token_ids.to(ids.dtype)
+    backlog.extend(slots, counts, target_hidden_states, tokens)
+    worker.record_lazy(deferred=int(counts.sum()))
+    return worker.placeholder_draft_input(next_token_ids)
 
 
 def defer_extend(worker, batch, batch_result) -> None:

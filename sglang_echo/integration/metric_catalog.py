@@ -66,7 +66,7 @@ SERIES: tuple[Series, ...] = (
     Series("k_max", "echo_budget_k_max", _G, "The server's K_max (without its growth with the batch)"),
     Series("cap", "echo_budget_cap_tokens", _C, "Sum of the steps' verification caps (K_max or the cost model's)"),
     Series("step_max", "echo_step_verified_tokens_max", _G, "Largest per-step sum of K_i"),
-    Series("deferred", "echo_deferred_extend_tokens", _C, "Committed tokens whose draft extend a plain step deferred"),
+    Series("deferred", "echo_deferred_extend_tokens", _C, "Tokens whose draft extend a plain step or prefill deferred"),
     Series("caught_up", "echo_caught_up_tokens", _C, "Deferred tokens a catch-up draft extend extended"),
     Series("ngram_nodes", "echo_hybrid_ngram_nodes", _C, "Draft nodes the requests' n-gram drafters added (hybrid)"),
     Series("timed_steps", "echo_timed_steps", _C, "Decode steps covered by the echo_*_seconds counters"),

@@ -23,7 +23,7 @@ sglang's own ``spec_cap_length`` / ``spec_cap_lens_histogram`` come from ``cap_l
   :attr:`sglang_echo.core.budget.CostModelBudget.REASONS`), so what the model's measuring
   costs is on the page;
 * ``echo_deferred_extend_tokens_total`` / ``echo_caught_up_tokens_total``: lazy extend
-  (:mod:`.lazy_extend`): committed tokens whose draft extend a plain step deferred, and those a
+  (:mod:`.lazy_extend`): tokens whose draft extend a plain step or a prefill deferred, and those a
   later catch-up extended (the rest were never needed: the request ended first, or is pending).
 * ``echo_draft_faults_total{kind}``: steps verified as plain decoding because the drafter
   failed (:mod:`.faults`).

@@ -237,13 +237,15 @@ def test_lazy_extend_drafts_as_eager_smollm2(smollm2_dir, smollm2_prompts, smoll
     probe's confidence at each depth (Eq. 6: the best path probability; depth 1 reads the caught-up
     children, deeper ones the caught-up hidden state) must agree at every (request, position) both
     drafted, the positions right after a catch-up included: wrong caught-up KV, children or hidden
-    states would show there, where greedy output (equal to no speculation) cannot."""
+    states would show there, where greedy output (equal to no speculation) cannot. A third server,
+    a backlog of 256, defers the prefills' extends too (160-token prompts fit): every later draft
+    of a request reads the prompt's caught-up draft KV."""
     rids = [f"p{i}" for i in range(len(smollm2_prompts))]
     # Lengths that differ, so requests finish on different steps whatever the machine's speed:
     # each finished one leaves the lazy batch one short (it drafts) until the next one joins.
     max_new = [MAX_NEW_TOKENS - 3 * (i % WORKERS) for i in range(len(smollm2_prompts))]
     conf, metrics = {}, {}
-    for k_max, lazy in ((2 * WORKERS, 0), (WORKERS, 4)):
+    for k_max, lazy in ((2 * WORKERS, 0), (WORKERS, 4), (WORKERS, 256)):
         probe = tmp_path / f"probe-{lazy}.jsonl"
         env = {
             "SGLANG_ECHO_POLICY": "budgeted-chain",
@@ -259,6 +261,17 @@ def test_lazy_extend_drafts_as_eager_smollm2(smollm2_dir, smollm2_prompts, smoll
     caught_up = metrics[4].get("echo_caught_up_tokens_total", 0)
     assert metrics[0].get("echo_deferred_extend_tokens_total", 0) == 0
     assert deferred > 0 and 0 < caught_up <= deferred
+    # Backlogs of 4 take no prompt (prompts' new tokens run eagerly); of 256, each prompt's new
+    # tokens (a prefix-cache hit shortens some), so at least half the prompt tokens.
+    prompt_tokens = sum(len(p) for p in smollm2_prompts)
+    assert deferred < prompt_tokens / 2 < metrics[256]["echo_deferred_extend_tokens_total"]
+    prefill_diffs = {k: _max_difference(conf[256][k][0], conf[0][k][0]) for k in conf[0].keys() & conf[256].keys()}
+    print(
+        f"[smollm2-lazy256] deferred {metrics[256]['echo_deferred_extend_tokens_total']:.0f} (prompts "
+        f"{prompt_tokens}); {len(prefill_diffs)} positions drafted by both, largest difference "
+        f"{max(prefill_diffs.values(), default=float('nan')):.2e}"
+    )
+    assert len(prefill_diffs) > len(smollm2_prompts) and max(prefill_diffs.values()) < 1e-3
 
     both = conf[0].keys() & conf[4].keys()
     after_catch_up = [k for k in both if conf[4][k][1]]
