@@ -26,8 +26,8 @@ stay reachable as ``eagle_*`` for the drafters that keep them.
   request's n-gram drafter propose into the same trees.
 * Lazy extend (:mod:`.lazy_extend`, ``lazy_extend``, drafters that draft from EAGLE's draft
   extend): a plain step (every ``K_i = 1``) skips the draft extend and keeps its pairs, and so
-  does a prefill whose new tokens and replies fit the backlog; the next step that may draft extends over them
-  first, so runs of plain steps cost about a plain decode step.
+  does a prefill whose new tokens and replies fit the backlog; the next step that may draft
+  extends over them first, so runs of plain steps cost about a plain decode step.
 * Timing (:mod:`.metrics`): :meth:`~EchoDraftWorker.draft` splits its wall time into control
   (``build_trees`` minus the drafter's ``propose``, plus packing) and drafting.
 """

@@ -70,7 +70,8 @@ class DraftBacklog:
         return self.lens[slots]
 
     def full(self, slots: list[int]) -> bool:
-        return bool((self.lens[slots] >= self.capacity).any())
+        """Whether any slot's backlog has no room for one more pair."""
+        return not self.fits(slots, torch.ones(len(slots), dtype=torch.int64))
 
     def append(self, slots: list[int], feats: Tensor, tokens: Tensor) -> None:
         """One pair per request: ``feats [bs, F]`` at each request's next position, ``tokens [bs]``."""
