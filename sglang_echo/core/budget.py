@@ -68,11 +68,12 @@ rests on the same measured curves as its prediction: at 8 requests on a CPU it r
 per request (a 90 ms step) far above ``K_max(B)`` (160 ms, twice a plain step).
 
 Drafting pays a premium. Both the model and the served rates choose drafting only where it
-beats plain decoding by ``premium`` (10%), for what drafting costs beyond its own steps: the
-transitions into it, the explorations, and requests that finish apart and so arrive, and are
-prefilled, one at a time instead of together. At 8 requests on a CPU, drafting steps 3-6% ahead
-of plain ones per step served 4-10% fewer tokens per second than plain decoding, and steps
-flipping between the two with the noise of a near tie served 16% fewer.
+beats plain decoding by ``premium`` (10%) plus its prefill charge, for what drafting costs
+beyond its own steps. The premium covers the transitions into it and the explorations; the
+charge (:mod:`.prefill_share`, measured) the requests that finish apart and so are prefilled one
+at a time instead of together, each a step the whole batch waits for. At 8 requests on a CPU,
+drafting steps 3-6% ahead of plain ones per step served 4-10% fewer tokens per second than plain
+decoding, and steps flipping between the two with the noise of a near tie served 16% fewer.
 
 A drafting step right after a plain one is a transition: the drafter's state is cold and it
 catches up the draft extends the plain steps deferred (the worker's lazy extend). Its time is
@@ -96,6 +97,7 @@ from typing import Optional
 
 from .cost_curve import CostCurve, half_octave
 from .kmax import KMax
+from .prefill_share import PrefillShare
 from .served_rates import RealisedRates
 
 REST_SLACK_S = 5e-3  # t_rest samples within 5 ms of their mean are never outliers (CostCurve.slack)
@@ -187,6 +189,7 @@ class CostModelBudget:
         self.spend = CostCurve(decay, unit=1 / 8)  # S: drafted per request vs allowed per request
         # The served A/B test of the model's choice; its premium is the model's too (best_depth).
         self.rates = RealisedRates(unit=lambda B: self.step_seconds(B, 0), premium=premium)
+        self.prefills = PrefillShare(decay)  # drafting's prefill charge, added to the premium
         self.spec_steps = 0  # steps that drafted at least one depth
         self.steps = 0
         self._exploring: dict[int, Exploring] = {}  # batch-size bucket -> its exploration schedule
@@ -248,7 +251,12 @@ class CostModelBudget:
         """D*: the tokens per request to allow with the highest expected tokens per second, 0
         unless that beats plain decoding's by ``premium``."""
         best, plain = self.best_drafting_depth(batch_size), self.expected_rate(batch_size, 0)
-        return best if self.expected_rate(batch_size, best) > (1 + self.rates.premium) * plain else 0
+        return best if self.expected_rate(batch_size, best) > (1 + self.premium(batch_size)) * plain else 0
+
+    def premium(self, batch_size: int) -> float:
+        """The lead over plain decoding that drafting needs at this load: ``premium`` plus its
+        prefill charge (:mod:`.prefill_share`), which the steps themselves never show."""
+        return self.rates.premium + self.prefills.charge(batch_size, self.step_seconds(batch_size, 0))
 
     def best_drafting_depth(self, batch_size: int) -> int:
         """The allowance ``D >= 1`` with the highest expected tokens per second (ties: the shallower)."""
@@ -286,7 +294,8 @@ class CostModelBudget:
                 return self._sampling_cap(B, k_max)
         depth = self.best_depth(B)
         arms = self.rates.arms(B)  # once a step: each rate converts its window's steps
-        verdict = self.rates.verdict(B, arms=arms)  # the served A/B test overrules the model, either way
+        premium = self.premium(B)
+        verdict = self.rates.verdict(B, arms=arms, premium=premium)  # the served A/B test overrules the model
         drafting = verdict == "draft" if verdict is not None else depth > 0
         self._reason = "model" if verdict is None else "measured"
         if explore is not None:
@@ -294,7 +303,7 @@ class CostModelBudget:
         follow_up, self._probe_follow_up = self._probe_follow_up == half_octave(B), None
         if follow_up and not drafting:  # a drafting probe's second step: its first was a transition
             self._reason, drafting = "probe", True
-        elif (depth > 0 or drafting) and self._probing(B, arms):
+        elif (depth > 0 or drafting) and self._probing(B, arms, premium):
             drafting, self._reason = not drafting, "probe"  # the other side's probe (module docstring)
             if drafting:
                 self._probe_follow_up = half_octave(B)
@@ -339,10 +348,12 @@ class CostModelBudget:
         gain = self.expected_gain(self.spent(self.max_drafts))
         t_draft = 1e3 * self.draft.predict(batch_size)
         rest, plain_rest = (1e3 * self._rest(drafting).predict(batch_size) for drafting in (True, False))
+        premium = self.premium(batch_size)
         return (
             f"B={batch_size} model tok/s {model} (G(D{self.max_drafts})={gain:.2f}, t_draft={t_draft:.1f} ms, "
             f"rest={rest:.1f} ms, plain rest={plain_rest:.1f} ms); served tokens/request/plain-step {served}; "
-            f"verdict {self.rates.verdict(batch_size)}; next exploration in {self.explore_gap(batch_size)} steps"
+            f"premium {premium:.3f}; verdict {self.rates.verdict(batch_size, premium=premium)}; "
+            f"next exploration in {self.explore_gap(batch_size)} steps"
         )
 
     def explore_gap(self, batch_size: int) -> int:
@@ -350,14 +361,14 @@ class CostModelBudget:
         explore = self._exploring.get(half_octave(batch_size))
         return self.explore_every if explore is None else explore.gap
 
-    def _probing(self, batch_size: int, arms: tuple[Optional[float], Optional[float]]) -> bool:
+    def _probing(self, batch_size: int, arms: tuple[Optional[float], Optional[float]], premium: float) -> bool:
         """Whether this step runs the side the decision did not pick: every ``plain_every``-th
         step (off the exploration steps), every 4th while that side has too few samples here,
         every ``4 * plain_every``-th plain one while drafting clearly pays."""
         every = self.plain_every
         if min(self.rates.samples(batch_size, arm) for arm in RealisedRates.ARMS) < self.rates.min_samples:
             every = min(every, 4)
-        elif self.rates.verdict(batch_size, self.rates.decisive, arms) == "draft":
+        elif self.rates.verdict(batch_size, self.rates.decisive, arms, premium) == "draft":
             every *= 4  # plain decoding's probes, while drafting clearly pays (module docstring)
         return self.steps % every == every // 2
 
@@ -406,8 +417,14 @@ class CostModelBudget:
         self._arm = self._reason = None
         return decision
 
+    def observe_prefill(self, requests: int, seconds: float) -> None:
+        """One prefill batch of ``requests`` new requests that took ``seconds`` (the premium's
+        prefill charge, :mod:`.prefill_share`)."""
+        self.prefills.observe_prefill(requests, seconds)
+
     def observe_accept(self, accepted_drafts: Sequence[int]) -> None:
         """Accepted drafts per request of the oldest step not yet matched (bonus token excluded)."""
+        self.prefills.observe_decoded(len(accepted_drafts) + sum(accepted_drafts))
         if not self._pending:
             return
         batch_size, drafted, arm, step_s = self._pending.popleft()

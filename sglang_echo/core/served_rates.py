@@ -102,15 +102,17 @@ class RealisedRates:
         batch_size: int,
         margin: Optional[float] = None,
         arms: Optional[tuple[Optional[float], Optional[float]]] = None,
+        premium: Optional[float] = None,
     ) -> Optional[str]:
         """The arm that committed more tokens per second at this load by more than ``margin``
-        (default ``self.margin``; drafting by more than ``premium`` too; None until both are
-        measured, or while they are that close); ``arms``: :meth:`arms` at this load, when the
-        caller has them."""
+        (default ``self.margin``; drafting by more than ``premium`` too, default ``self.premium``;
+        None until both are measured, or while they are that close); ``arms``: :meth:`arms` at
+        this load, when the caller has them."""
         plain, draft = arms or self.arms(batch_size)
         margin = self.margin if margin is None else margin
+        premium = self.premium if premium is None else premium
         if plain is None or draft is None:
             return None
-        if draft > plain * (1 + max(margin, self.premium)):
+        if draft > plain * (1 + max(margin, premium)):
             return "draft"
         return "plain" if plain > draft * (1 + margin) else None

@@ -373,12 +373,15 @@ def _define_worker():
         # -- ECHO's reporting around NGRAM's unchanged step ------------------------------------------
         def forward_batch_generation(self, batch, *args, **kwargs):
             self._echo_step = None
+            prefill = batch.forward_mode is not None and batch.forward_mode.is_extend()  # NGRAM's step resets it
             t0 = time.perf_counter()
             result = super().forward_batch_generation(batch, *args, **kwargs)
             self.echo.sync()
             step_s = time.perf_counter() - t0
             st, self._echo_step = self._echo_step, None
-            if st is not None and batch.forward_mode is not None and not batch.forward_mode.is_idle():
+            if prefill:
+                self.echo.on_prefill(len(batch.extend_lens), step_s)  # what the cost budget charges drafting
+            elif st is not None and batch.forward_mode is not None and not batch.forward_mode.is_idle():
                 # verify: NGRAM's tree reconstruction, target verify, accept and KV move.
                 st.verify_s = step_s - st.prepare_s
                 st.forward_tokens = target_tokens(self.echo.verify, st.sizes, st.width)

@@ -15,6 +15,7 @@ width, the gates, the timings) and the shared epilogue reads it:
   the step's metrics;
 * :meth:`EchoSession.on_step_end`, after the whole step: its timing, and the cost budget's
   ``observe_step`` (its decision exported per arm and reason);
+* :meth:`EchoSession.on_prefill`, after a prefill batch: its time, for the cost budget;
 * :meth:`EchoSession.on_accept` (through :class:`AcceptanceObservers`, mixed into both workers): the
   accepted lengths sglang hands to the host, to the metrics, the cost budget and the probe.
 
@@ -176,6 +177,12 @@ class EchoSession:
             self.metrics.on_budget_step(decision, step_s)
             if decision is not None and decision[1] == "explore":  # rare: every explore_every+ steps
                 log.info("ECHO cost budget after exploring: %s", self.budget.explain(st.sizes.numel()))
+
+    def on_prefill(self, requests: int, seconds: float) -> None:
+        """A prefill batch of ``requests`` new requests took ``seconds`` (the device synced): what
+        the cost budget charges drafting for requests prefilled apart (:mod:`sglang_echo.core.prefill_share`)."""
+        if self.budget is not None:
+            self.budget.observe_prefill(requests, seconds)
 
     def on_accept(self, num_correct_drafts_per_req) -> None:
         """The step's accepted drafts per request, as sglang hands them to the host."""

@@ -104,13 +104,18 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
         log.info("ECHO worker: verify width %s", self.echo.describe_width())
 
     def forward_batch_generation(self, batch, *args, **kwargs):
-        """EAGLEWorkerV2's step; decode steps are timed whole (``echo_step_seconds``)."""
-        if (
-            batch.forward_mode.is_extend()
-            or getattr(batch, "is_extend_in_batch", False)
-            or batch.forward_mode.is_idle()
-        ):
+        """EAGLEWorkerV2's step; decode steps are timed whole (``echo_step_seconds``), and prefills
+        too while a cost budget runs (what it charges drafting for prefills: ``EchoSession.on_prefill``)."""
+        if getattr(batch, "is_extend_in_batch", False) or batch.forward_mode.is_idle():
             return super().forward_batch_generation(batch, *args, **kwargs)
+        if batch.forward_mode.is_extend():
+            if self.echo.budget is None:
+                return super().forward_batch_generation(batch, *args, **kwargs)
+            t0 = time.perf_counter()
+            result = super().forward_batch_generation(batch, *args, **kwargs)
+            self.echo.sync()
+            self.echo.on_prefill(len(batch.extend_lens), time.perf_counter() - t0)
+            return result
         t0 = time.perf_counter()
         result = super().forward_batch_generation(batch, *args, **kwargs)
         self.echo.sync()

@@ -144,3 +144,39 @@ def test_accepted_lengths_reach_the_metrics_and_the_budget():
     w.on_verify_complete_cpu([2, 0, 1], 3)
     assert w.seen == [2, 0, 1] and budget.accepts == [[2, 0, 1]]
     assert w.echo.metrics.totals["accepted"] == 3 + 3  # the drafts plus each request's bonus token
+
+
+def test_both_workers_time_their_prefills_for_the_budget():
+    """A prefill batch reaches the session with its request count (what the cost budget charges
+    drafting for, core/prefill_share.py) from either worker; a decode step does not, and without
+    a budget the EAGLE worker does not time prefills at all (no device sync)."""
+    code = """
+from types import SimpleNamespace
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+from sglang.srt.speculative.ngram_worker import NGRAMWorker
+from sglang_echo.integration import ngram_worker
+from sglang_echo.integration.worker import EchoWorker
+
+def sglang_step(self, batch, *a, **k):
+    batch.forward_mode = ForwardMode.TARGET_VERIFY if batch.forward_mode == ForwardMode.DECODE else batch.forward_mode
+    return 'result'
+
+EAGLEWorkerV2.forward_batch_generation = NGRAMWorker.forward_batch_generation = sglang_step
+seen = []
+def session(budget):
+    return SimpleNamespace(budget=budget, sync=lambda: None, on_prefill=lambda r, s: seen.append(r))
+out = []
+for cls, budget in ((EchoWorker, object()), (EchoWorker, None), (ngram_worker.EchoNgramWorker, object())):
+    w = object.__new__(cls)
+    w.echo = session(budget)
+    if cls is EchoWorker:
+        w._draft_worker = SimpleNamespace(echo_step=SimpleNamespace(timed=False))
+    prefill = SimpleNamespace(forward_mode=ForwardMode.EXTEND, extend_lens=[5, 7, 2], is_extend_in_batch=False)
+    decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, extend_lens=None, is_extend_in_batch=False)
+    out.append((w.forward_batch_generation(prefill), w.forward_batch_generation(decode), list(seen)))
+    seen.clear()
+print('RESULT', out)
+"""
+    expected = [("result", "result", [3]), ("result", "result", []), ("result", "result", [3])]
+    assert result_in_scheduler(code) == str(expected)
