@@ -198,6 +198,7 @@ class CostModelBudget:
         self._drafted_last = False  # whether the last step observed drafted (the next is no transition)
         self._probe_follow_up: Optional[int] = None  # the load whose drafting probe drafts once more
         self._sampled = -1  # warm-up and exploration steps so far (the allowance each takes in turn)
+        self.last_premium: Optional[float] = None  # what this step's cap required of drafting (None: not weighed)
         # (B, drafted, arm, step seconds)
         self._pending: deque[tuple[int, float, Optional[str], float]] = deque(maxlen=8)
 
@@ -272,6 +273,7 @@ class CostModelBudget:
     def cap(self, batch_size: int) -> int:
         """This step's verification cap, roots included (``<= max(K_max(B), B)``)."""
         self.steps += 1
+        self.last_premium = None
         B = batch_size
         self.rates.visit(B)
         k_max = self.k_max(B)
@@ -294,7 +296,7 @@ class CostModelBudget:
                 return self._sampling_cap(B, k_max)
         depth = self.best_depth(B)
         arms = self.rates.arms(B)  # once a step: each rate converts its window's steps
-        premium = self.premium(B)
+        premium = self.last_premium = self.premium(B)
         verdict = self.rates.verdict(B, arms=arms, premium=premium)  # the served A/B test overrules the model
         drafting = verdict == "draft" if verdict is not None else depth > 0
         self._reason = "model" if verdict is None else "measured"

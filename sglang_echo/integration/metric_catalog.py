@@ -72,6 +72,12 @@ SERIES: tuple[Series, ...] = (
     Series("timed_steps", "echo_timed_steps", _C, "Decode steps covered by the echo_*_seconds counters"),
     Series("budget_steps", "echo_budget_steps", _C, "Steps by the cost budget's decision", ("arm", "reason")),
     Series(
+        "premium",
+        "echo_budget_premium",
+        _G,
+        "Lead over plain decoding the cost budget last required of drafting (its premium plus the prefill charge)",
+    ),
+    Series(
         "budget_seconds",
         "echo_budget_step_seconds",
         _C,

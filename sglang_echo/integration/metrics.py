@@ -22,6 +22,10 @@ sglang's own ``spec_cap_length`` / ``spec_cap_lens_histogram`` come from ``cap_l
   ``draft`` or ``plain``; ``reason`` one of
   :attr:`sglang_echo.core.budget.CostModelBudget.REASONS`), so what the model's measuring
   costs is on the page;
+* ``echo_budget_premium``: ``budget: cost`` only: the lead over plain decoding the cost budget
+  required of drafting at its last decided step (its 10% premium plus the prefill charge at that
+  batch size, :mod:`sglang_echo.core.prefill_share`); where it exceeds what drafting gains, steps
+  are plain;
 * ``echo_deferred_extend_tokens_total`` / ``echo_caught_up_tokens_total``: lazy extend
   (:mod:`.lazy_extend`): tokens whose draft extend a plain step or a prefill deferred, and those a
   later catch-up extended (the rest were never needed: the request ended first, or is pending).
@@ -73,6 +77,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Optional
 
 from sglang_echo import env
 
@@ -346,14 +351,17 @@ class EchoMetrics:
         except Exception as e:  # metrics must never take the server down
             self.warn_once("timing", e)
 
-    def on_budget_step(self, decision, seconds: float) -> None:
-        """One step of the cost budget: its ``(arm, reason)`` (None: undecided) and wall seconds."""
+    def on_budget_step(self, decision, seconds: float, premium: Optional[float] = None) -> None:
+        """One step of the cost budget: its ``(arm, reason)`` (None: undecided), wall seconds and
+        the premium it required of drafting (None: not weighed, as at a full batch)."""
         if decision is None or self._m is None:
             return
         try:
             arm, reason = decision
             self._labelled("budget_steps", arm=arm, reason=reason).inc()
             self._labelled("budget_seconds", arm=arm, reason=reason).inc(max(seconds, 0.0))
+            if premium is not None:
+                self._m["premium"].set(premium)
         except Exception as e:  # metrics must never take the server down
             self.warn_once("budget", e)
 

@@ -174,7 +174,7 @@ class EchoSession:
                 step_s=step_s,
                 cap=st.cap,
             )
-            self.metrics.on_budget_step(decision, step_s)
+            self.metrics.on_budget_step(decision, step_s, self.budget.last_premium)
             if decision is not None and decision[1] == "explore":  # rare: every explore_every+ steps
                 log.info("ECHO cost budget after exploring: %s", self.budget.explain(st.sizes.numel()))
 

@@ -88,7 +88,7 @@ def test_the_budget_drafts_only_where_drafting_also_pays_for_its_prefills():
     drafting_leads_by(budget, B)
     assert budget.premium(B) == pytest.approx(0.10)
     assert budget.best_depth(B) == 1 and budget.rates.verdict(B, premium=budget.premium(B)) == "draft"
-    assert budget.cap(B) > B
+    assert budget.cap(B) > B and budget.last_premium == pytest.approx(0.10)
     for _ in range(4):  # waves of 8 prefilled together, then one at a time: each 65 ms
         budget.observe_prefill(B, 0.065)
         budget.observe_prefill(1, 0.065)
@@ -96,5 +96,6 @@ def test_the_budget_drafts_only_where_drafting_also_pays_for_its_prefills():
             budget.prefills.observe_decoded(B)
     assert budget.premium(B) == pytest.approx(0.10 + 7 * 0.065 / (64 * 0.07), rel=0.1)
     assert budget.best_depth(B) == 0 and budget.rates.verdict(B, premium=budget.premium(B)) is None
-    assert budget.cap(B) == B
+    assert budget.cap(B) == B and budget.last_premium == pytest.approx(budget.premium(B))
     assert budget.premium(1) == pytest.approx(0.10)
+    assert budget.cap(48) == 48 and budget.last_premium is None  # a full batch weighs nothing

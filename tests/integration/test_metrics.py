@@ -63,14 +63,16 @@ def test_timing_totals_and_counters_accumulate(prom_metrics):
 def test_budget_decisions_are_counted_by_arm_and_reason(prom_metrics):
     m, reg = prom_metrics
     m.on_budget_step(("draft", "explore"), 0.25)
-    m.on_budget_step(("plain", "model"), 0.1)
-    m.on_budget_step(("plain", "model"), 0.1)
+    m.on_budget_step(("plain", "model"), 0.1, premium=0.25)
+    m.on_budget_step(("plain", "model"), 0.1, premium=0.18)
+    m.on_budget_step(("plain", "full"), 0.1)  # a full batch weighs nothing: the gauge keeps 0.18
     m.on_budget_step(None, 9.0)  # a step no cap() decided: not counted
     explore, model = {"arm": "draft", "reason": "explore"}, {"arm": "plain", "reason": "model"}
     assert reg.get_sample_value("echo_budget_steps_total", explore) == 1
     assert reg.get_sample_value("echo_budget_step_seconds_total", explore) == pytest.approx(0.25)
     assert reg.get_sample_value("echo_budget_steps_total", model) == 2
     assert reg.get_sample_value("echo_budget_step_seconds_total", model) == pytest.approx(0.2)
+    assert reg.get_sample_value("echo_budget_premium") == pytest.approx(0.18)
 
 
 def test_timing_never_raises():

@@ -76,6 +76,7 @@ class _Budget:
 
     def __init__(self):
         self.steps, self.accepts = [], []
+        self.last_premium = 0.1
 
     def observe_step(self, **kw):
         self.steps.append(kw)
