@@ -248,11 +248,12 @@ class CostModelBudget:
         own, other = (self.rest, self.plain_rest) if drafting else (self.plain_rest, self.rest)
         return own if own.measured or not other.measured else other
 
-    def best_depth(self, batch_size: int) -> int:
+    def best_depth(self, batch_size: int, premium: Optional[float] = None) -> int:
         """D*: the tokens per request to allow with the highest expected tokens per second, 0
-        unless that beats plain decoding's by ``premium``."""
+        unless that beats plain decoding's by ``premium`` (default :meth:`premium` at this load)."""
+        premium = self.premium(batch_size) if premium is None else premium
         best, plain = self.best_drafting_depth(batch_size), self.expected_rate(batch_size, 0)
-        return best if self.expected_rate(batch_size, best) > (1 + self.premium(batch_size)) * plain else 0
+        return best if self.expected_rate(batch_size, best) > (1 + premium) * plain else 0
 
     def premium(self, batch_size: int) -> float:
         """The lead over plain decoding that drafting needs at this load: ``premium`` plus its
@@ -294,9 +295,9 @@ class CostModelBudget:
                 explore.left -= 1
                 self._reason = "explore"
                 return self._sampling_cap(B, k_max)
-        depth = self.best_depth(B)
+        premium = self.last_premium = self.premium(B)  # once a step, for the model and the served rates
+        depth = self.best_depth(B, premium)
         arms = self.rates.arms(B)  # once a step: each rate converts its window's steps
-        premium = self.last_premium = self.premium(B)
         verdict = self.rates.verdict(B, arms=arms, premium=premium)  # the served A/B test overrules the model
         drafting = verdict == "draft" if verdict is not None else depth > 0
         self._reason = "model" if verdict is None else "measured"

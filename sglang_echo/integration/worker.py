@@ -106,22 +106,20 @@ class EchoWorker(AcceptanceObservers, EAGLEWorkerV2):
     def forward_batch_generation(self, batch, *args, **kwargs):
         """EAGLEWorkerV2's step; decode steps are timed whole (``echo_step_seconds``), and prefills
         too while a cost budget runs (what it charges drafting for prefills: ``EchoSession.on_prefill``)."""
-        if getattr(batch, "is_extend_in_batch", False) or batch.forward_mode.is_idle():
+        prefill = batch.forward_mode.is_extend()
+        if (
+            getattr(batch, "is_extend_in_batch", False)
+            or batch.forward_mode.is_idle()
+            or (prefill and self.echo.budget is None)
+        ):
             return super().forward_batch_generation(batch, *args, **kwargs)
-        if batch.forward_mode.is_extend():
-            if self.echo.budget is None:
-                return super().forward_batch_generation(batch, *args, **kwargs)
-            t0 = time.perf_counter()
-            result = super().forward_batch_generation(batch, *args, **kwargs)
-            self.echo.sync()
-            self.echo.on_prefill(len(batch.extend_lens), time.perf_counter() - t0)
-            return result
         t0 = time.perf_counter()
         result = super().forward_batch_generation(batch, *args, **kwargs)
         self.echo.sync()
         step_s = time.perf_counter() - t0
-        st = self._draft_worker.echo_step
-        if st.timed:  # this step drafted (and verified) real trees
+        if prefill:
+            self.echo.on_prefill(len(batch.extend_lens), step_s)
+        elif (st := self._draft_worker.echo_step).timed:  # this step drafted (and verified) real trees
             self.echo.on_step_end(st, step_s)
         return result
 
