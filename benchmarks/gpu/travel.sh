@@ -9,6 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 STASH=.gpu-stash
 LIMIT_MIB=64
+bytes() {  # total size of the NUL-separated paths on stdin that exist (the stashed heads do not)
+  local total=0 f
+  while IFS= read -r -d '' f; do [ -f "$f" ] && total=$(( total + $(stat -c %s "$f") )); done
+  echo "$total"
+}
 case "${1:-}" in
   out)
     mkdir -p "$STASH"
@@ -17,9 +22,9 @@ case "${1:-}" in
       mkdir -p "$STASH/$(dirname "$f")"
       mv "$f" "$STASH/$f"
     done
-    tracked=$(git ls-files -z | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1)
-    untracked=$(git ls-files -z --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1)
-    carried=$(du -cb .bundle .sim 2>/dev/null | tail -1 | cut -f1)
+    tracked=$(git ls-files -z | bytes)
+    untracked=$(git ls-files -z --others --exclude-standard | bytes)
+    carried=$( { find .bundle .sim -type f -print0 2>/dev/null || true; } | bytes)  # either may be absent
     total=$(( ${tracked:-0} + ${untracked:-0} + ${carried:-0} ))
     printf 'travels: %.1f MiB (tree %.1f, untracked %.1f, carried .bundle/.sim %.1f); limit %d MiB\n' \
       "$(echo "$total / 1048576" | bc -l)" "$(echo "${tracked:-0} / 1048576" | bc -l)" \
