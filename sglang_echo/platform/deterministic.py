@@ -8,9 +8,9 @@ op (a row alone vs inside batches of 2-2048 rows, bf16 and fp32, 1 and 2 threads
 
 * attention: the padded SDPA's reduction is blocked by the batch's longest request, and a tree
   node reaches its ancestors through other columns than decoding -> :mod:`.attention.invariant`;
-* oneDNN's packed linears: one row alone takes another kernel than 2+ rows for some shapes
-  (SmolLM2's ``down_proj``, ``K = 1536``: 1-2 of 64 rows differ in bf16, all in fp32), while
-  2..2048 rows agree bit for bit -> a single row is computed as two (``packed_linear``);
+* oneDNN's packed linears: the kernel, and so a row's bits, follow the number of rows in the
+  call (one row alone for some shapes; on AMX, bf16 calls of more than 32 rows) -> every call runs
+  at 2 to 32 rows (``packed_linear.set_batch_invariant``);
 * not batch variant here: RMSNorm, rotary, SiLU-and-mul, embedding, argmax, softmax.
 
 sglang's own switch (``ModelRunner.maybe_enable_batch_invariant_mode``) replaces aten's ``mm``,
@@ -50,9 +50,13 @@ def enable_batch_invariant_ops() -> None:
             f"--enable-deterministic-inference on the CPU platform needs its packed linears: unset "
             f"{packed_linear.ENV}=0 (F.linear's per-row result depends on the number of rows)"
         )
-    packed_linear.set_min_rows(2)
+    packed_linear.set_batch_invariant(True)
+    fewest, most = packed_linear.INVARIANT_ROWS
     logger.info(
-        "sglang_echo CPU platform: batch-invariant mode (packed linears >= 2 rows, %s chunked attention)", BACKEND_NAME
+        "sglang_echo CPU platform: batch-invariant mode (packed linears in calls of %d-%d rows, %s chunked attention)",
+        fewest,
+        most,
+        BACKEND_NAME,
     )
 
 

@@ -4,12 +4,12 @@ Why: on CPUs without sglang's AMX kernels every linear is ``F.linear`` (MKL), wh
 weight on every call. At the few-row shapes of decoding and tree verification that repacking is
 most of the cost: on the 2-core AVX-512 host an fp32 [1536 x 576] projection takes 104 / 153 /
 184 us for 1 / 2 / 4 rows, the prepacked oneDNN kernel 55 / 52 / 61 us, and SmolLM2's 49k-row
-LM head 10 ms / 22 ms for 1 / 2 rows. It also makes the result nearly *batch invariant*: from 2
-rows up (2 to 2048 measured) a row's output no longer depends on how many rows share the call
-(MKL's does, by ~1e-5 in fp32). A single row can take another kernel (SmolLM2's ``down_proj``,
-K = 1536, sums in another order); the platform's batch-invariant mode (``deterministic.py``)
-computes it as two rows, so that a verify pass over ``K`` tree tokens computes bit for bit what
-decoding them one at a time would.
+LM head 10 ms / 22 ms for 1 / 2 rows. It also makes the result nearly *batch invariant*: oneDNN
+picks its kernel by the number of rows, and within a kernel a row's output does not depend on the
+other rows (MKL's does, by ~1e-5 in fp32). The platform's batch-invariant mode (``deterministic.py``)
+therefore runs every call at row counts that share one kernel (:func:`set_batch_invariant`), so
+that a verify pass over ``K`` tree tokens computes bit for bit what decoding them one at a time
+would.
 
 How (no sglang file is edited):
 * an AROUND hook on ``UnquantizedLinearMethod.process_weights_after_loading`` packs each CPU
@@ -72,16 +72,32 @@ class PackedWeight:
         return self._key == self.key(weight)
 
 
-_MIN_ROWS = 1  # see set_min_rows
+INVARIANT_ROWS = (2, 32)
+"""Rows per oneDNN call in the batch-invariant mode (:func:`set_batch_invariant`), fewest and most."""
+_INVARIANT = False
 
 
-def set_min_rows(rows: int) -> None:
-    """Compute calls of fewer rows as ``rows`` rows (zero padding, dropped after). The platform's
-    batch-invariant mode sets 2: oneDNN runs a single row through another kernel than 2 or more
-    for some shapes (SmolLM2's ``down_proj``, K = 1536: another summation order, visible in 1-2 of
-    64 bf16 rows and in every fp32 row), while 2 to 2048 rows give each row the same bits."""
-    global _MIN_ROWS
-    _MIN_ROWS = rows
+def set_batch_invariant(on: bool) -> None:
+    """Run every call as oneDNN calls of 2 to 32 rows (:data:`INVARIANT_ROWS`): a single row is
+    padded with a zero row, a longer input is cut into 32-row calls. oneDNN picks its kernel by the
+    number of rows, and a row's bits follow the kernel. Measured per host kind (and checked by
+    ``tests/platform/test_invariant_attention.py`` wherever it runs):
+
+    * AVX2 / AVX-512 without AMX: one row alone takes another kernel than 2 or more for some shapes
+      (SmolLM2's ``down_proj``, K = 1536: another summation order, visible in 1-2 of 64 bf16 rows
+      and in every fp32 row); 2 to 2048 rows give each row the same bits;
+    * AMX: bf16 calls of 1 to 32 rows agree; from 33 rows on oneDNN runs other kernels, whose
+      sums differ in the last bits on some rows (SmolLM2's layers: 3-25 of 33-128 rows against
+      the same rows in a 2048-row call). fp32 as without AMX.
+
+    So 2 to 32 rows hold on both; the calls add nothing to decoding and verify (at most 32 rows a
+    layer per call at 32 requests or fewer) and cut a long prefill into 32-row calls."""
+    global _INVARIANT
+    _INVARIANT = on
+
+
+def batch_invariant() -> bool:
+    return _INVARIANT
 
 
 def unsupported_dtypes() -> list[str]:
@@ -93,13 +109,23 @@ def packed_linear(x: Tensor, packed: Tensor, bias: Optional[Tensor] = None) -> T
     """``F.linear(x, weight, bias)`` on a packed weight, for any leading shape of ``x``."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    rows = x2.shape[0]
-    if rows < _MIN_ROWS:
-        x2 = torch.cat([x2, x2.new_zeros(_MIN_ROWS - rows, x2.shape[1])])
-    y = torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")
-    if rows < _MIN_ROWS:
-        y = y[:rows]
+    y = _invariant_linear(x2, packed, bias) if _INVARIANT else _linear(x2, packed, bias)
     return y.view(*lead, y.shape[-1])
+
+
+def _linear(x2: Tensor, packed: Tensor, bias: Optional[Tensor]) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")
+
+
+def _invariant_linear(x2: Tensor, packed: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``_linear`` in calls of :data:`INVARIANT_ROWS` rows (:func:`set_batch_invariant`)."""
+    fewest, most = INVARIANT_ROWS
+    rows = x2.shape[0]
+    if rows > most:  # the last call may be a single row: padded below
+        return torch.cat([_invariant_linear(part, packed, bias) for part in x2.split(most)])
+    if rows < fewest:
+        return _linear(torch.cat([x2, x2.new_zeros(fewest - rows, x2.shape[1])]), packed, bias)[:rows]
+    return _linear(x2, packed, bias)
 
 
 def _packed_for(module: Any, weight: Tensor) -> Optional[Tensor]:

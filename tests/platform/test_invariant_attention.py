@@ -134,14 +134,15 @@ def test_it_is_attention(window) -> None:
 
 @pytest.fixture
 def invariant_linears():
-    pl.set_min_rows(2)
+    pl.set_batch_invariant(True)
     yield
-    pl.set_min_rows(1)
+    pl.set_batch_invariant(False)
 
 
 @pytest.mark.skipif(not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"), reason="no oneDNN")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("out_f,in_f", [(576, 1536), (960, 576), (3072, 576)])  # SmolLM2's down, qkv, gate_up
+# SmolLM2's down, qkv, gate_up and LM head (the last: another kernel past 32 bf16 rows on AMX)
+@pytest.mark.parametrize("out_f,in_f", [(576, 1536), (960, 576), (3072, 576), (49152, 576)])
 def test_packed_linear_rows_do_not_depend_on_the_row_count(dtype, out_f, in_f, invariant_linears) -> None:
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("no oneDNN bf16 on this CPU")
@@ -150,9 +151,29 @@ def test_packed_linear_rows_do_not_depend_on_the_row_count(dtype, out_f, in_f, i
     packed = pl.PackedWeight(w).packed
     x = torch.randn(300, in_f, generator=g).to(dtype)
     full = pl.packed_linear(x, packed)
-    for m in (1, 2, 3, 17, 64):
+    for m in (1, 2, 3, 17, 32, 33, 40, 64, 65, 128):
         assert torch.equal(pl.packed_linear(x[:m], packed), full[:m]), f"{m} rows"
     assert torch.equal(torch.cat([pl.packed_linear(x[i : i + 1], packed) for i in range(16)]), full[:16])
+    order = torch.randperm(64, generator=g)  # a row's place in its call does not matter either
+    assert torch.equal(pl.packed_linear(x[:64][order], packed), full[:64][order])
+
+
+def test_batch_invariant_calls_hold_2_to_32_rows(monkeypatch, invariant_linears) -> None:
+    """The mode's row rule itself, on any host: every oneDNN call gets 2 to 32 rows, and the rows
+    come back in order (a stand-in kernel returns each row's index)."""
+    calls = []
+
+    def kernel(x2, packed, bias):
+        calls.append(x2.shape[0])
+        return x2[:, :1].clone()
+
+    monkeypatch.setattr(pl, "_linear", kernel)
+    for rows in (1, 2, 31, 32, 33, 64, 65, 97):
+        calls.clear()
+        x = torch.arange(rows, dtype=torch.float32)[:, None].expand(rows, 4)
+        out = pl.packed_linear(x, None)
+        assert out.flatten().tolist() == list(range(rows)), rows
+        assert all(2 <= c <= 32 for c in calls) and sum(calls) == rows + (rows % 32 == 1), (rows, calls)
 
 
 # -- the switch ----------------------------------------------------------------------------------
@@ -179,15 +200,15 @@ def test_sglang_accepts_echo_torch_in_the_mode_and_the_runner_turns_it_on(monkey
     hook = hooks.registered[deterministic.RUNNER_HOOK]
     calls = []
     sglangs = lambda runner: calls.append(runner.device)  # noqa: E731  (raises on a CPU in sglang)
-    monkeypatch.setattr(pl, "_MIN_ROWS", 1)
+    monkeypatch.setattr(pl, "_INVARIANT", False)
     monkeypatch.setattr(deterministic, "enabled", lambda: False)
     hook(sglangs, SimpleNamespace(device="cpu"))
-    assert pl._MIN_ROWS == 1 and calls == ["cpu"]  # mode off: sglang's own no-op
+    assert not pl.batch_invariant() and calls == ["cpu"]  # mode off: sglang's own no-op
     monkeypatch.setattr(deterministic, "enabled", lambda: True)
     hook(sglangs, SimpleNamespace(device="cuda"))
-    assert pl._MIN_ROWS == 1 and calls == ["cpu", "cuda"]  # a GPU runner: sglang's Triton ops
+    assert not pl.batch_invariant() and calls == ["cpu", "cuda"]  # a GPU runner: sglang's Triton ops
     hook(sglangs, SimpleNamespace(device="cpu"))
-    assert pl._MIN_ROWS == 2 and calls == ["cpu", "cuda"]  # the platform's mode instead
+    assert pl.batch_invariant() and calls == ["cpu", "cuda"]  # the platform's mode instead
     monkeypatch.setenv(pl.ENV, "0")
     with pytest.raises(RuntimeError, match=pl.ENV):
         deterministic.enable_batch_invariant_ops()
