@@ -182,3 +182,60 @@ def test_draft_steps_over_lane_subsets_equal_padded_lanes(deterministic: bool) -
         torch.testing.assert_close(out_s.view(bs, lanes, -1), want, rtol=1e-5, atol=1e-6)
     # Lane 1 ran from step 1 on: its step-0 slot now holds lane 0's keys, as the padded pool's does.
     assert torch.equal(pools["subset"].k[slots[:, 1, 0]], pools["padded"].k[slots[:, 1, 0]])
+
+
+class _Layers:
+    """A target KV pool of ``n`` layers (the surface the backend uses), keys and values at random."""
+
+    def __init__(self, g, n):
+        self.k = [torch.randn(POOL, HKV, D, generator=g) for _ in range(n)]
+        self.v = [torch.randn(POOL, HKV, D, generator=g) for _ in range(n)]
+
+    def get_key_buffer(self, layer_id):
+        return self.k[layer_id]
+
+    def get_value_buffer(self, layer_id):
+        return self.v[layer_id]
+
+
+def test_a_forward_shares_its_paged_batch_across_layers_and_the_next_builds_its_own() -> None:
+    """The backend builds a forward's slots and mask once, at its first layer: every layer's
+    output is then what that layer alone computes, and the next forward (other requests, lengths,
+    modes) is not served the last one's."""
+    from types import SimpleNamespace
+
+    from sglang_echo.platform.attention.backend import EchoTorchAttnBackend
+
+    g = torch.Generator().manual_seed(3)
+    _, _, r2t, _, _ = _setup(g, [0] * 4, 1)
+    pool = _Layers(g, 3)
+    runner = SimpleNamespace(device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=r2t), token_to_kv_pool=pool)
+    backend = EchoTorchAttnBackend(runner)
+    backend.deterministic = False
+
+    def mode(decode: bool):
+        return SimpleNamespace(is_decode_or_idle=lambda: decode, is_target_verify=lambda: False)
+
+    def layer(i):
+        return SimpleNamespace(
+            layer_id=i, tp_q_head_num=H, qk_head_dim=D, v_head_dim=D, scaling=0.3, sliding_window_size=None,
+            is_cross_attention=False, logit_cap=0,
+        )  # fmt: skip
+
+    forwards = [  # (decode?, requests, seq_lens, extend lens)
+        (True, torch.tensor([2, 0, 3]), torch.tensor([9, 30, 4]), None),
+        (True, torch.tensor([1, 3]), torch.tensor([17, 6]), None),
+        (False, torch.tensor([0, 2]), torch.tensor([12, 7]), torch.tensor([5, 1])),  # extend: ragged queries
+    ]
+    for decode, req, seq, ext in forwards:
+        q_lens = torch.ones_like(seq) if decode else ext
+        fb = SimpleNamespace(forward_mode=mode(decode), seq_lens=seq, req_pool_indices=req, extend_seq_lens=ext)
+        backend.init_forward_metadata(fb)
+        visible = causal_mask(q_lens, seq, int(q_lens.max()), int(seq.max()))
+        for i in range(3):
+            q = torch.randn(int(q_lens.sum()), H * D, generator=g)
+            run = backend.forward_decode if decode else backend.forward_extend
+            got = run(q, None, None, layer(i), fb, save_kv_cache=False)
+            want = paged_sdpa(q.view(-1, H, D), pool.k[i], pool.v[i], r2t, req, q_lens, seq, visible, 0.3)
+            assert torch.equal(got, want.reshape(-1, H * D)), (decode, i)
+        assert list(backend.paged) == [None]  # one batch for the forward's (unwindowed) layers

@@ -24,7 +24,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang_echo.core.dense import RAGGED_MARK
 from sglang_echo.platform import deterministic
 from sglang_echo.platform.attention.invariant import KeyLayout, causal_layout, invariant_attention, tree_layout
-from sglang_echo.platform.attention.paged_sdpa import causal_mask, paged_sdpa, tree_mask
+from sglang_echo.platform.attention.paged_sdpa import PagedBatch, causal_mask, paged_attention, paged_batch, tree_mask
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -55,13 +55,20 @@ class EchoTorchAttnBackend(AttentionBackend):
         # Set by the multi-step draft backend (draft.py) for its draft steps.
         self.draft_decode_metadata: Optional[DraftDecodeMetadata] = None
         self.deterministic = deterministic.enabled()
-        # The deterministic kernel's key layout for this forward, built by its first layer.
+        # What this forward's layers share, built by its first layer: the deterministic kernel's
+        # key layout, or the padded SDPA's batch per sliding window (None: none).
         self.layout: Optional[KeyLayout] = None
+        self.paged: dict[Optional[int], PagedBatch] = {}
 
     # ---- metadata -------------------------------------------------------------------------
+    def forget_layouts(self) -> None:
+        """Drop what the last forward's layers shared (a new forward, or new draft-step metadata)."""
+        self.layout = None
+        self.paged = {}
+
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         mode = forward_batch.forward_mode
-        self.layout = None
+        self.forget_layouts()
         if mode.is_decode_or_idle():
             self.extend_metadata = None
             return
@@ -111,21 +118,16 @@ class EchoTorchAttnBackend(AttentionBackend):
                     else tree_layout(r2t, req, md.kv_lens - md.q_lens, md.q_lens, md.tree)
                 )
             return self._invariant(q, layer, window)
-        visible = md.tree
-        if visible is None:
-            visible = causal_mask(md.q_lens, md.kv_lens, md.max_q, md.max_kv, window)
-        o = paged_sdpa(
-            q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
-            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
-            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            self.req_to_token_pool.req_to_token,
-            forward_batch.req_pool_indices,
-            md.q_lens,
-            md.kv_lens,
-            visible,
-            layer.scaling,
-        )
-        return o.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+        batch = self.paged.get(window)
+        if batch is None:
+            visible = md.tree
+            if visible is None:
+                visible = causal_mask(md.q_lens, md.kv_lens, md.max_q, md.max_kv, window)
+            r2t = self.req_to_token_pool.req_to_token
+            batch = self.paged[window] = paged_batch(
+                r2t, forward_batch.req_pool_indices, md.q_lens, md.kv_lens, visible
+            )
+        return self._paged(q, layer, batch)
 
     def forward_decode(
         self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache: bool = True, **_: object
@@ -133,29 +135,35 @@ class EchoTorchAttnBackend(AttentionBackend):
         self._check_layer(layer)
         self._save_kv(layer, forward_batch, k, v, save_kv_cache)
         window = layer.sliding_window_size if (layer.sliding_window_size or -1) > -1 else None
-        md = self.draft_decode_metadata
-        if md is not None:
-            req_to_token, req_pool_indices = md.req_to_token, md.req_pool_indices
-            q_lens, kv_lens, visible = md.q_lens, md.kv_lens, md.window_mask(window)
-        else:
-            req_to_token, req_pool_indices = self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices
-            kv_lens = forward_batch.seq_lens.to(torch.int64)
-            q_lens, visible = torch.ones_like(kv_lens), None
         if self.deterministic:  # decode, and draft steps as one causal row per lane
             if self.layout is None:
-                self.layout = causal_layout(req_to_token, req_pool_indices, q_lens, kv_lens)
+                self.layout = causal_layout(*self._decode_rows(forward_batch))
             return self._invariant(q, layer, window)
-        if visible is None:
-            visible = causal_mask(q_lens, kv_lens, 1, int(kv_lens.max()), window)
-        o = paged_sdpa(
+        batch = self.paged.get(window)
+        if batch is None:
+            req_to_token, req_pool_indices, q_lens, kv_lens = self._decode_rows(forward_batch)
+            md = self.draft_decode_metadata
+            visible = None if md is None else md.window_mask(window)
+            if visible is None:
+                visible = causal_mask(q_lens, kv_lens, 1, int(kv_lens.max()), window)
+            batch = self.paged[window] = paged_batch(req_to_token, req_pool_indices, q_lens, kv_lens, visible)
+        return self._paged(q, layer, batch)
+
+    def _decode_rows(self, forward_batch: ForwardBatch) -> tuple[torch.Tensor, ...]:
+        """``(req_to_token, req_pool_indices, q_lens, kv_lens)`` of a decode step: one query per
+        request over its row, or a draft step's lanes (``draft_decode_metadata``)."""
+        md = self.draft_decode_metadata
+        if md is not None:
+            return md.req_to_token, md.req_pool_indices, md.q_lens, md.kv_lens
+        kv_lens = forward_batch.seq_lens.to(torch.int64)
+        return self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, torch.ones_like(kv_lens), kv_lens
+
+    def _paged(self, q, layer: RadixAttention, batch: PagedBatch) -> torch.Tensor:
+        o = paged_attention(
             q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            req_to_token,
-            req_pool_indices,
-            q_lens,
-            kv_lens,
-            visible,
+            batch,
             layer.scaling,
         )
         return o.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)

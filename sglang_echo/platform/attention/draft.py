@@ -172,7 +172,7 @@ class EchoTorchMultiStepDraftBackend:
         for backend, md in zip(self.attn_backends, self._metadata):
             backend.extend_metadata = None
             backend.draft_decode_metadata = md
-            backend.layout = None
+            backend.forget_layouts()
         self._lanes_run = [self.topk] * len(self.attn_backends)
         self._batch = (req_pool_indices, seq_lens)
 
@@ -193,7 +193,7 @@ class EchoTorchMultiStepDraftBackend:
         self._lanes_run[step] = lanes
         backend = self.attn_backends[step]
         backend.draft_decode_metadata = self._metadata[step].first_lanes(lanes, self.topk)
-        backend.layout = None
+        backend.forget_layouts()
 
     def _copy_lane0(self, step: int, first: int, end: int) -> None:
         """Lane 0's draft KV at ``step`` into lanes ``[first, end)`` (every layer of the draft pool)."""
