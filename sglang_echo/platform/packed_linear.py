@@ -90,8 +90,8 @@ def set_batch_invariant(on: bool) -> None:
       sums differ in the last bits on some rows (SmolLM2's layers: 3-25 of 33-128 rows against
       the same rows in a 2048-row call). fp32 as without AMX.
 
-    So 2 to 32 rows hold on both; the calls add nothing to decoding and verify (at most 32 rows a
-    layer per call at 32 requests or fewer) and cut a long prefill into 32-row calls."""
+    So 2 to 32 rows hold on both. A forward of up to 32 tokens runs each linear as one call, as
+    without the mode; more tokens (a larger batch, a prefill) as several 32-row calls."""
     global _INVARIANT
     _INVARIANT = on
 
