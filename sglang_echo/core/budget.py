@@ -196,6 +196,9 @@ class CostModelBudget:
         self._arm: Optional[str] = None  # this step's side of the A/B test
         self._reason: Optional[str] = None  # why this step's side was chosen (one of REASONS)
         self._drafted_last = False  # whether the last step observed drafted (the next is no transition)
+        self._since_prefill = {"plain": 0, "draft": 0}  # decode steps since the last prefill, per arm
+        self._prefill_arm: Optional[str] = None  # the arm the last prefill counted for
+        self._last_batch: Optional[int] = None  # the last decode step's batch size
         self._probe_follow_up: Optional[int] = None  # the load whose drafting probe drafts once more
         self._sampled = -1  # warm-up and exploration steps so far (the allowance each takes in turn)
         self.last_premium: Optional[float] = None  # what this step's cap required of drafting (None: not weighed)
@@ -416,14 +419,21 @@ class CostModelBudget:
             # requests on a CPU, against 0.8 for a plain step).
             self.plain_rest.add(batch_size, max(step_s - verify_s, 0.0))
         self._drafted_last = draft_forwards > 0
+        self._since_prefill["draft" if self._drafted_last else "plain"] += 1
+        self._last_batch = batch_size
         self._pending.append((batch_size, drafted, arm, step_s))
         self._arm = self._reason = None
         return decision
 
     def observe_prefill(self, requests: int, seconds: float) -> None:
         """One prefill batch of ``requests`` new requests that took ``seconds`` (the premium's
-        prefill charge, :mod:`.prefill_share`)."""
-        self.prefills.observe_prefill(requests, seconds)
+        prefill charge, :mod:`.prefill_share`), counted for the arm of most decode steps since the
+        last prefill (back-to-back prefills: the same arm) at the last decode step's load."""
+        since = self._since_prefill
+        if since["plain"] or since["draft"]:
+            self._prefill_arm = "draft" if since["draft"] > since["plain"] else "plain"
+            since["plain"] = since["draft"] = 0
+        self.prefills.observe_prefill(requests, seconds, arm=self._prefill_arm, load=self._last_batch)
 
     def observe_accept(self, accepted_drafts: Sequence[int]) -> None:
         """Accepted drafts per request of the oldest step not yet matched (bonus token excluded)."""

@@ -53,18 +53,62 @@ def test_the_reply_length_follows_the_workload():
     assert share.reply_length() == pytest.approx(256, rel=0.15)
 
 
+def test_the_charge_is_what_the_arms_were_seen_to_prefill_at_this_load():
+    """Replies of their own lengths keep plain decoding from prefilling whole waves: 2.5 requests
+    a batch against drafting's 1 charges 8 (P(1) - P(2.5) / 2.5) per 64 steps, not the bound's
+    8 P(1) - P(8). Another load keeps the bound until it is measured there."""
+    share = PrefillShare()
+    for i in range(40):
+        share.observe_prefill(2 + i % 2, 0.065, arm="plain", load=8)  # 2 and 3 requests: 2.5 a batch
+        share.observe_prefill(1, 0.065, arm="draft", load=8)
+        for _ in range(80):
+            share.observe_decoded(8)
+    length = share.reply_length()
+    assert share.requests_per_prefill("plain", 8) == pytest.approx(2.5, abs=0.05)
+    assert share.charge(8, 0.069) == pytest.approx(8 * (0.065 - 0.065 / 2.5) / (length * 0.069), rel=0.05)
+    bound = (32 * 0.065 - 0.065) / (length * 0.069)  # 32 requests: nothing measured there
+    assert share.requests_per_prefill("plain", 32) is None
+    assert share.charge(32, 0.069) == pytest.approx(bound, rel=0.05)
+    # Drafting batching as much as plain decoding saves nothing: no charge.
+    for _ in range(60):
+        share.observe_prefill(3, 0.065, arm="draft", load=8)
+        share.observe_prefill(3, 0.065, arm="plain", load=8)
+    assert share.charge(8, 0.069) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_prefill_counts_for_the_arm_of_most_decode_steps_before_it():
+    budget = CostModelBudget(k_max=48, max_depth=1, warmup=0, explore_every=1000, plain_every=1000)
+    decode(budget, 8, [True, True, False])
+    budget.observe_prefill(1, 0.065)
+    budget.observe_prefill(1, 0.065)  # back to back: still drafting's
+    decode(budget, 8, [False, False, True])
+    budget.observe_prefill(3, 0.065)
+    assert budget.prefills.requests_per_prefill("draft", 8) == pytest.approx(1)
+    assert budget.prefills.requests_per_prefill("plain", 8) == pytest.approx(3)
+    assert budget.prefills.requests_per_prefill("plain", 32) is None
+    with pytest.raises(ValueError, match="arm"):
+        budget.prefills.observe_prefill(1, 0.065, arm="eagle", load=8)
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="decay"):
         PrefillShare(decay=0.0)
     with pytest.raises(ValueError, match="min_prefills"):
         PrefillShare(window=4, min_prefills=8)
+    with pytest.raises(ValueError, match="batching_decay"):
+        PrefillShare(batching_decay=1.5)
 
 
 def drafting_leads_by(budget: CostModelBudget, B: int, steps: int = 8) -> None:
     """Steps at ``B`` requests, modelled and served alike: drafting one token each, every draft
     accepted, in 0.12 s a step (2 tokens per request) against plain steps of 0.07 s (1 token):
     drafting 17% ahead."""
-    for drafted in ([True] * 4 + [False] * 4) * steps:
+    decode(budget, B, ([True] * 4 + [False] * 4) * steps)
+
+
+def decode(budget: CostModelBudget, B: int, arms) -> None:
+    """One decode step per entry of ``arms`` (True: drafting), costed as in :func:`drafting_leads_by`."""
+    for drafted in arms:
         budget.observe_step(
             batch_size=B,
             target_tokens=2 * B if drafted else B,
@@ -89,11 +133,15 @@ def test_the_budget_drafts_only_where_drafting_also_pays_for_its_prefills():
     assert budget.premium(B) == pytest.approx(0.10)
     assert budget.best_depth(B) == 1 and budget.rates.verdict(B, premium=budget.premium(B)) == "draft"
     assert budget.cap(B) > B and budget.last_premium == pytest.approx(0.10)
-    for _ in range(4):  # waves of 8 prefilled together, then one at a time: each 65 ms
+    for _ in range(4):  # plain decoding prefills its waves of 8 together, drafting one at a time: 65 ms each
+        decode(budget, B, [False])
         budget.observe_prefill(B, 0.065)
+        decode(budget, B, [True])
         budget.observe_prefill(1, 0.065)
         for _ in range(64):
             budget.prefills.observe_decoded(B)
+    assert budget.prefills.requests_per_prefill("plain", B) == pytest.approx(8)
+    assert budget.prefills.requests_per_prefill("draft", B) == pytest.approx(1)
     assert budget.premium(B) == pytest.approx(0.10 + 7 * 0.065 / (64 * 0.07), rel=0.1)
     assert budget.best_depth(B) == 0 and budget.rates.verdict(B, premium=budget.premium(B)) is None
     assert budget.cap(B) == B and budget.last_premium == pytest.approx(budget.premium(B))
