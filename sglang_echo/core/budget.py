@@ -228,15 +228,20 @@ class CostModelBudget:
     def target_tokens(self, verified: float, batch_size: int) -> float:
         return verified if self.padded_width is None else batch_size * self.padded_width
 
+    def reach(self, batch_size: int) -> float:
+        """The most tokens per request a cap can allow at this batch, ``(K_max(B) - B) / B``: an
+        allowance past it gets the cap ``K_max(B)`` (:meth:`cap`), so it is weighed as that."""
+        return max(self.k_max(batch_size) - batch_size, 0) / batch_size
+
     def expected_rate(self, batch_size: int, depth: int) -> float:
         """Expected tokens per second of a step whose cap allows ``depth`` tokens per request (the objective)."""
-        drafted = self.spent(depth)
+        drafted = self.spent(min(depth, self.reach(batch_size)))
         seconds = self._seconds(batch_size, drafted)
         return batch_size * (1.0 + self.expected_gain(drafted)) / seconds if seconds > 0 else 0.0
 
     def step_seconds(self, batch_size: int, depth: int) -> float:
         """Predicted seconds of a step whose cap allows ``depth`` tokens per request."""
-        return self._seconds(batch_size, self.spent(depth))
+        return self._seconds(batch_size, self.spent(min(depth, self.reach(batch_size))))
 
     def _seconds(self, B: int, drafted: float) -> float:
         return (

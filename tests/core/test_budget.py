@@ -81,6 +81,29 @@ def test_flat_verify_cost_spends_the_whole_budget():
     assert [budget.cap(8), budget.cap(32), budget.cap(32)] == [64, 32, 64]
 
 
+def test_an_allowance_past_k_max_is_weighed_as_the_cap_it_gets():
+    """At 16 requests a K_max of 64 allows 3 drafts each: an allowance of 4 gets the same cap, so
+    the model must not credit it with a fourth draft's acceptance (measured at 8 requests)."""
+    budget = CostModelBudget(k_max=64, max_depth=4, warmup=0, explore_every=1000)
+    for B, depth in ((8, 4), (8, 2), (16, 2), (16, 3)):
+        feed(
+            budget,
+            steps=6,
+            B=B,
+            depth=depth,
+            accept=[0.8, 0.6, 0.45, 0.3],
+            verify=lambda K: 0.02,
+            draft_per_depth=0.001,
+        )
+    assert budget.reach(16) == 3 and budget.reach(8) == 7 and budget.reach(64) == 0
+    assert budget.expected_gain(4) > budget.expected_gain(3)  # a fourth draft pays where it fits
+    assert budget.expected_rate(16, 4) == budget.expected_rate(16, 3)
+    assert budget.step_seconds(16, 4) == budget.step_seconds(16, 3)
+    assert budget.best_drafting_depth(16) == 3 and budget.best_depth(8) == 4
+    # 24 requests: 40 drafts among them, 5/3 each, whatever the allowance asks
+    assert budget.expected_rate(24, 2) == budget.expected_rate(24, 4) > budget.expected_rate(24, 1)
+
+
 def test_tokens_below_the_knee_are_free():
     """Verify flat up to 16 tokens, then 2 ms each: batch 2 drafts to D*, then fills up to the knee."""
     budget = CostModelBudget(k_max=64, max_depth=4, warmup=0, explore_every=1000)
