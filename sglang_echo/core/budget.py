@@ -360,10 +360,15 @@ class CostModelBudget:
         t_draft = 1e3 * self.draft.predict(batch_size)
         rest, plain_rest = (1e3 * self._rest(drafting).predict(batch_size) for drafting in (True, False))
         premium = self.premium(batch_size)
+        batching = " ".join(
+            f"{arm}:{'-' if (n := self.prefills.requests_per_prefill(arm, batch_size)) is None else f'{n:.1f}'}"
+            for arm in RealisedRates.ARMS
+        )
         return (
             f"B={batch_size} model tok/s {model} (G(D{self.max_drafts})={gain:.2f}, t_draft={t_draft:.1f} ms, "
             f"rest={rest:.1f} ms, plain rest={plain_rest:.1f} ms); served tokens/request/plain-step {served}; "
-            f"premium {premium:.3f}; verdict {self.rates.verdict(batch_size, premium=premium)}; "
+            f"premium {premium:.3f} (requests per prefill {batching}); "
+            f"verdict {self.rates.verdict(batch_size, premium=premium)}; "
             f"next exploration in {self.explore_gap(batch_size)} steps"
         )
 

@@ -86,6 +86,8 @@ def test_a_prefill_counts_for_the_arm_of_most_decode_steps_before_it():
     assert budget.prefills.requests_per_prefill("draft", 8) == pytest.approx(1)
     assert budget.prefills.requests_per_prefill("plain", 8) == pytest.approx(3)
     assert budget.prefills.requests_per_prefill("plain", 32) is None
+    assert "requests per prefill plain:3.0 draft:1.0" in budget.explain(8)
+    assert "requests per prefill plain:- draft:-" in budget.explain(32)  # the bound, in the log
     with pytest.raises(ValueError, match="arm"):
         budget.prefills.observe_prefill(1, 0.065, arm="eagle", load=8)
 
