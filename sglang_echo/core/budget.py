@@ -233,15 +233,19 @@ class CostModelBudget:
         allowance past it gets the cap ``K_max(B)`` (:meth:`cap`), so it is weighed as that."""
         return max(self.k_max(batch_size) - batch_size, 0) / batch_size
 
+    def drafted(self, batch_size: int, depth: int) -> float:
+        """Tokens per request drafted under an allowance of ``depth``: ``S`` of what the cap gives."""
+        return self.spent(min(depth, self.reach(batch_size)))
+
     def expected_rate(self, batch_size: int, depth: int) -> float:
         """Expected tokens per second of a step whose cap allows ``depth`` tokens per request (the objective)."""
-        drafted = self.spent(min(depth, self.reach(batch_size)))
+        drafted = self.drafted(batch_size, depth)
         seconds = self._seconds(batch_size, drafted)
         return batch_size * (1.0 + self.expected_gain(drafted)) / seconds if seconds > 0 else 0.0
 
     def step_seconds(self, batch_size: int, depth: int) -> float:
         """Predicted seconds of a step whose cap allows ``depth`` tokens per request."""
-        return self._seconds(batch_size, self.spent(min(depth, self.reach(batch_size))))
+        return self._seconds(batch_size, self.drafted(batch_size, depth))
 
     def _seconds(self, B: int, drafted: float) -> float:
         return (

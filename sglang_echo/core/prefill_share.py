@@ -40,8 +40,9 @@ from collections import deque
 from typing import Optional
 
 from .cost_curve import CostCurve, half_octave
+from .served_rates import RealisedRates
 
-ARMS = ("plain", "draft")
+ARMS = RealisedRates.ARMS  # the budget's two arms, as its served A/B test names them
 
 
 class PrefillShare:

@@ -40,6 +40,21 @@ def feed(
         budget.observe_accept(acc)
 
 
+def feed_flat(budget: CostModelBudget, loads) -> None:
+    """Six steps per ``(B, depth)`` of ``loads`` at a GPU-like cost: verify flat at 20 ms, 1 ms a
+    draft forward, acceptance 0.8 / 0.6 / 0.45 / 0.3 by depth."""
+    for B, depth in loads:
+        feed(
+            budget,
+            steps=6,
+            B=B,
+            depth=depth,
+            accept=[0.8, 0.6, 0.45, 0.3],
+            verify=lambda K: 0.02,
+            draft_per_depth=0.001,
+        )
+
+
 def test_compute_bound_verify_turns_speculation_off_at_high_load_only():
     """A CPU-like cost: every verified token costs (a + b K); drafting costs a forward per depth."""
     budget = CostModelBudget(k_max=64, max_depth=4, warmup=4, explore_every=1000, decay=0.99)
@@ -66,16 +81,7 @@ def test_compute_bound_verify_turns_speculation_off_at_high_load_only():
 def test_flat_verify_cost_spends_the_whole_budget():
     """A GPU-like cost (verify flat in K up to far past K_max): deep trees pay, K_max binds."""
     budget = CostModelBudget(k_max=64, max_depth=4, warmup=0, explore_every=1000)
-    for B, depth in ((4, 4), (8, 4), (16, 3), (8, 1)):
-        feed(
-            budget,
-            steps=6,
-            B=B,
-            depth=depth,
-            accept=[0.8, 0.6, 0.45, 0.3],
-            verify=lambda K: 0.02,
-            draft_per_depth=0.001,
-        )
+    feed_flat(budget, ((4, 4), (8, 4), (16, 3), (8, 1)))
     assert budget.best_depth(8) == 4
     # flat verify: every token up to K_max is free; step 2 probes plain decoding (no plain step seen yet)
     assert [budget.cap(8), budget.cap(32), budget.cap(32)] == [64, 32, 64]
@@ -85,16 +91,7 @@ def test_an_allowance_past_k_max_is_weighed_as_the_cap_it_gets():
     """At 16 requests a K_max of 64 allows 3 drafts each: an allowance of 4 gets the same cap, so
     the model must not credit it with a fourth draft's acceptance (measured at 8 requests)."""
     budget = CostModelBudget(k_max=64, max_depth=4, warmup=0, explore_every=1000)
-    for B, depth in ((8, 4), (8, 2), (16, 2), (16, 3)):
-        feed(
-            budget,
-            steps=6,
-            B=B,
-            depth=depth,
-            accept=[0.8, 0.6, 0.45, 0.3],
-            verify=lambda K: 0.02,
-            draft_per_depth=0.001,
-        )
+    feed_flat(budget, ((8, 4), (8, 2), (16, 2), (16, 3)))
     assert budget.reach(16) == 3 and budget.reach(8) == 7 and budget.reach(64) == 0
     assert budget.expected_gain(4) > budget.expected_gain(3)  # a fourth draft pays where it fits
     assert budget.expected_rate(16, 4) == budget.expected_rate(16, 3)
