@@ -71,11 +71,15 @@ class DraftBacklog:
 
     def full(self, slots: list[int]) -> bool:
         """Whether any slot's backlog has no room for one more pair."""
-        return not self.fits(slots, torch.ones(len(slots), dtype=torch.int64))
+        return bool((self.lens[slots] >= self.capacity).any())
 
     def append(self, slots: list[int], feats: Tensor, tokens: Tensor) -> None:
-        """One pair per request: ``feats [bs, F]`` at each request's next position, ``tokens [bs]``."""
-        self.extend(slots, torch.ones(len(slots), dtype=torch.int64), feats, tokens)
+        """One pair per request: ``feats [bs, F]`` at each request's next position, ``tokens [bs]``.
+        Every plain step appends, so its cells are each slot's next column, without
+        :meth:`extend`'s ragged layout."""
+        slots_t = torch.tensor(slots, dtype=torch.int64)
+        n = self.lens[slots_t]
+        self._write(slots_t, n + 1, slots_t * self.capacity + n, feats, tokens)
 
     def fits(self, slots: list[int], counts: Tensor) -> bool:
         """Whether ``counts [bs]`` more pairs fit each slot's backlog."""
@@ -84,6 +88,18 @@ class DraftBacklog:
     def extend(self, slots: list[int], counts: Tensor, feats: Tensor, tokens: Tensor) -> None:
         """``counts[i]`` pairs for request ``i`` (host ``int64 [bs]``), packed back to back in
         ``feats [sum counts, F]`` and ``tokens [sum counts]`` in position order."""
+        slots_t = torch.tensor(slots, dtype=torch.int64)
+        n = self.lens[slots_t]
+        starts = torch.cumsum(counts, 0) - counts  # each request's first row in feats
+        rows = torch.repeat_interleave(torch.arange(len(slots)), counts)
+        columns = n[rows] + torch.arange(int(counts.sum())) - starts[rows]
+        self._write(slots_t, n + counts, slots_t[rows] * self.capacity + columns, feats, tokens)
+
+    def _write(self, slots: Tensor, lens: Tensor, cells: Tensor, feats: Tensor, tokens: Tensor) -> None:
+        """Pairs into ``cells`` (row-major ``slot * capacity + column``, host ``int64``); the slots'
+        lengths become ``lens``, refused past the capacity."""
+        if bool((lens > self.capacity).any()):
+            raise RuntimeError("ECHO lazy extend: backlog full; catch up before appending")
         if self.feats is None:
             # Uninitialised: a cell is read only once written (``lens``), and zero-filling the whole
             # backlog (217 MiB for SmolLM2 on 257 slots) cost the first plain step 58 ms on a CPU,
@@ -98,16 +114,10 @@ class DraftBacklog:
                 feats.shape[-1],
                 self.feats.numel() * self.feats.element_size() / 2**20,
             )
-        if not self.fits(slots, counts):
-            raise RuntimeError("ECHO lazy extend: backlog full; catch up before appending")
-        n = self.lens[slots]
-        starts = torch.cumsum(counts, 0) - counts  # each request's first row in feats
-        rows = torch.repeat_interleave(torch.arange(len(slots)), counts)
-        columns = n[rows] + torch.arange(int(counts.sum())) - starts[rows]
-        cells = (torch.tensor(slots)[rows] * self.capacity + columns).to(self.device)  # row-major (slot, column)
+        cells = cells.to(self.device)
         self.feats.view(-1, self.feats.shape[-1]).index_copy_(0, cells, feats.to(self.feats.dtype))
         self.tokens.view(-1).index_copy_(0, cells, tokens.to(torch.int64))
-        self.lens[slots] = n + counts
+        self.lens[slots] = lens
 
 
 def lazy_extend_applies(server_args, cfg) -> bool:

@@ -239,3 +239,45 @@ def test_a_forward_shares_its_paged_batch_across_layers_and_the_next_builds_its_
             want = paged_sdpa(q.view(-1, H, D), pool.k[i], pool.v[i], r2t, req, q_lens, seq, visible, 0.3)
             assert torch.equal(got, want.reshape(-1, H * D)), (decode, i)
         assert list(backend.paged) == [None]  # one batch for the forward's (unwindowed) layers
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_a_verify_of_the_roots_alone_is_a_decode(ragged: bool) -> None:
+    """A target verify whose requests each verify their root alone (a plain step: one slot wide,
+    or ragged lengths of 1 in a wider layout) builds no tree mask, and each root attends to its
+    prefix and itself exactly as a decode query at the next position does."""
+    from types import SimpleNamespace
+
+    from sglang_echo.core.dense import RAGGED_MARK
+    from sglang_echo.platform.attention.backend import EchoTorchAttnBackend
+
+    g = torch.Generator().manual_seed(5)
+    _, _, r2t, _, _ = _setup(g, [0] * 4, 1)
+    pool = _Layers(g, 1)
+    runner = SimpleNamespace(device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=r2t), token_to_kv_pool=pool)
+    backend = EchoTorchAttnBackend(runner)
+    backend.deterministic = False
+    layer = SimpleNamespace(
+        layer_id=0, tp_q_head_num=H, qk_head_dim=D, v_head_dim=D, scaling=0.3, sliding_window_size=None,
+        is_cross_attention=False, logit_cap=0,
+    )  # fmt: skip
+    req, prefix = torch.tensor([3, 0, 2]), torch.tensor([9, 30, 4])
+    width = 4 if ragged else 1
+    spec = SimpleNamespace(draft_token_num=width, tree_topk=-1, custom_mask=torch.ones(len(req) * width * width))
+    if ragged:
+        setattr(spec, RAGGED_MARK, torch.ones(len(req), dtype=torch.int64))
+    verify = SimpleNamespace(
+        forward_mode=SimpleNamespace(is_decode_or_idle=lambda: False, is_target_verify=lambda: True),
+        seq_lens=prefix,
+        req_pool_indices=req,
+        spec_info=spec,
+    )
+    backend.init_forward_metadata(verify)
+    assert backend.extend_metadata.tree is None
+    q = torch.randn(len(req), H * D, generator=g)
+    got = backend.forward_extend(q, None, None, layer, verify, save_kv_cache=False)
+    decode = SimpleNamespace(
+        forward_mode=SimpleNamespace(is_decode_or_idle=lambda: True), seq_lens=prefix + 1, req_pool_indices=req
+    )
+    backend.init_forward_metadata(decode)
+    assert torch.equal(got, backend.forward_decode(q, None, None, layer, decode, save_kv_cache=False))

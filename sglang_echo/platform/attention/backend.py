@@ -83,9 +83,11 @@ class EchoTorchAttnBackend(AttentionBackend):
             kv_lens = seq_lens + q_lens
             max_q, max_kv = int(q_lens.max()), int(kv_lens.max())
             # tree_topk == 1 is a chain: plain causal visibility, no mask to gather (as the
-            # in-tree CPU backend does). NGRAM (-1) and EAGLE topk>1 carry a real tree.
+            # in-tree CPU backend does). NGRAM (-1) and EAGLE topk>1 carry a real tree, except
+            # where each request verifies its root alone (max_q == 1: a plain step), which sees
+            # its prefix and itself, as a decode query does.
             tree = None
-            if spec.tree_topk != 1 and spec.custom_mask is not None and spec.custom_mask.numel():
+            if max_q > 1 and spec.tree_topk != 1 and spec.custom_mask is not None and spec.custom_mask.numel():
                 tree = tree_mask(spec.custom_mask, seq_lens, n, max_kv)[:, :max_q]
             self.extend_metadata = ExtendMetadata(q_lens, kv_lens, max_q, max_kv, tree)
             return
