@@ -198,29 +198,41 @@ class _Layers:
         return self.v[layer_id]
 
 
+def _paged_backend(r2t, pool):
+    """The ``echo_torch`` backend over ``pool``, its padded SDPA path (not the deterministic one)."""
+    from types import SimpleNamespace
+
+    from sglang_echo.platform.attention.backend import EchoTorchAttnBackend
+
+    runner = SimpleNamespace(device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=r2t), token_to_kv_pool=pool)
+    backend = EchoTorchAttnBackend(runner)
+    backend.deterministic = False
+    return backend
+
+
+def _layer(i):
+    """An unwindowed self-attention layer ``i`` of the test's shape (what the backend reads of one)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        layer_id=i, tp_q_head_num=H, qk_head_dim=D, v_head_dim=D, scaling=0.3, sliding_window_size=None,
+        is_cross_attention=False, logit_cap=0,
+    )  # fmt: skip
+
+
 def test_a_forward_shares_its_paged_batch_across_layers_and_the_next_builds_its_own() -> None:
     """The backend builds a forward's slots and mask once, at its first layer: every layer's
     output is then what that layer alone computes, and the next forward (other requests, lengths,
     modes) is not served the last one's."""
     from types import SimpleNamespace
 
-    from sglang_echo.platform.attention.backend import EchoTorchAttnBackend
-
     g = torch.Generator().manual_seed(3)
     _, _, r2t, _, _ = _setup(g, [0] * 4, 1)
     pool = _Layers(g, 3)
-    runner = SimpleNamespace(device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=r2t), token_to_kv_pool=pool)
-    backend = EchoTorchAttnBackend(runner)
-    backend.deterministic = False
+    backend = _paged_backend(r2t, pool)
 
     def mode(decode: bool):
         return SimpleNamespace(is_decode_or_idle=lambda: decode, is_target_verify=lambda: False)
-
-    def layer(i):
-        return SimpleNamespace(
-            layer_id=i, tp_q_head_num=H, qk_head_dim=D, v_head_dim=D, scaling=0.3, sliding_window_size=None,
-            is_cross_attention=False, logit_cap=0,
-        )  # fmt: skip
 
     forwards = [  # (decode?, requests, seq_lens, extend lens)
         (True, torch.tensor([2, 0, 3]), torch.tensor([9, 30, 4]), None),
@@ -235,7 +247,7 @@ def test_a_forward_shares_its_paged_batch_across_layers_and_the_next_builds_its_
         for i in range(3):
             q = torch.randn(int(q_lens.sum()), H * D, generator=g)
             run = backend.forward_decode if decode else backend.forward_extend
-            got = run(q, None, None, layer(i), fb, save_kv_cache=False)
+            got = run(q, None, None, _layer(i), fb, save_kv_cache=False)
             want = paged_sdpa(q.view(-1, H, D), pool.k[i], pool.v[i], r2t, req, q_lens, seq, visible, 0.3)
             assert torch.equal(got, want.reshape(-1, H * D)), (decode, i)
         assert list(backend.paged) == [None]  # one batch for the forward's (unwindowed) layers
@@ -249,18 +261,10 @@ def test_a_verify_of_the_roots_alone_is_a_decode(ragged: bool) -> None:
     from types import SimpleNamespace
 
     from sglang_echo.core.dense import RAGGED_MARK
-    from sglang_echo.platform.attention.backend import EchoTorchAttnBackend
 
     g = torch.Generator().manual_seed(5)
     _, _, r2t, _, _ = _setup(g, [0] * 4, 1)
-    pool = _Layers(g, 1)
-    runner = SimpleNamespace(device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=r2t), token_to_kv_pool=pool)
-    backend = EchoTorchAttnBackend(runner)
-    backend.deterministic = False
-    layer = SimpleNamespace(
-        layer_id=0, tp_q_head_num=H, qk_head_dim=D, v_head_dim=D, scaling=0.3, sliding_window_size=None,
-        is_cross_attention=False, logit_cap=0,
-    )  # fmt: skip
+    backend, layer = _paged_backend(r2t, _Layers(g, 1)), _layer(0)
     req, prefix = torch.tensor([3, 0, 2]), torch.tensor([9, 30, 4])
     width = 4 if ragged else 1
     spec = SimpleNamespace(draft_token_num=width, tree_topk=-1, custom_mask=torch.ones(len(req) * width * width))
