@@ -64,7 +64,9 @@ case "$PART" in
     ;;
   b)
     [ -f .sim/smollm2-eagle3.sim.json ] || { echo "no .sim/ trace: run benchmarks/gpu/make_trace.sh here and carry .sim"; exit 1; }
+    # ECHO gates with the traced pair's calibration (checked against the trace's fingerprints).
     run simulated 300 "${BENCH[@]}" $BIG --simulate .sim/smollm2-eagle3 --max-new-tokens "$MAX_NEW" --concurrency "$LEVELS" \
+      --calibration sglang_echo/assets/calibration/smollm2-135m-instruct-eagle3-fp32.json \
       --configs none,eagle3,echo --server-args "$SHARE" $POOL --out "$OUT/simulated"
     ;;
   c)

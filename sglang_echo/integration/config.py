@@ -63,6 +63,7 @@ from sglang_echo.core.factory import ELASTIC_POLICIES, Policy
 from sglang_echo.core.kmax import CPU_DEFAULT, Device, KMax, resolve_kmax
 from sglang_echo.core.scheduler import ControlKernel
 
+from . import simulate
 from .ragged import VerifyMode
 
 log = logging.getLogger(__name__)
@@ -390,19 +391,24 @@ def load_calibration_for(cfg: EchoConfig, *, model_path: Optional[str] = None, d
                 "ECHO: no calibration file (SGLANG_ECHO_CALIBRATION), gating with %s: %s", d.source, d.describe()
             )
         return None
-    for what, path in (("model", model_path), ("draft head", None if cfg.drafter == Drafter.NGRAM else draft_path)):
-        if path and local_dir(path) is None:
-            raise CalibrationError(
-                f"{cfg.calibration}: cannot check it against the {what} {path!r}, which is neither a local folder "
-                f"nor in the Hugging Face cache: download it first (huggingface-cli download {path}) or pass a "
-                "local path"
-            )
-    model_fp = fingerprint(local_dir(model_path)) if model_path else None
+    if env.get(simulate.ENV) is not None:  # the gates see the trace's confidences: check against its pair
+        try:
+            recorded = simulate.trace_identity(env.get(simulate.ENV))
+        except simulate.SimulationError as e:
+            raise CalibrationError(f"{cfg.calibration}: {e}") from None
+        model_fp, draft_fp = recorded["model"], recorded["drafter"]
+    else:
+        for what, path in (("model", model_path), ("draft head", None if cfg.drafter == Drafter.NGRAM else draft_path)):
+            if path and local_dir(path) is None:
+                raise CalibrationError(
+                    f"{cfg.calibration}: cannot check it against the {what} {path!r}, which is neither a local "
+                    f"folder nor in the Hugging Face cache: download it first (huggingface-cli download {path}) "
+                    "or pass a local path"
+                )
+        model_fp = fingerprint(local_dir(model_path)) if model_path else None
+        draft_fp = drafter_fingerprint(cfg.drafter, draft_path)
     calib = load_calibration(
-        cfg.calibration,
-        model_fingerprint=model_fp,
-        drafter_kind=cfg.drafter,
-        drafter_fingerprint=drafter_fingerprint(cfg.drafter, draft_path),
+        cfg.calibration, model_fingerprint=model_fp, drafter_kind=cfg.drafter, drafter_fingerprint=draft_fp
     )
     log.warning(
         "ECHO: calibration %s: sweet spots %s, thresholds %s",

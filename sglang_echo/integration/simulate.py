@@ -253,6 +253,26 @@ def load(stem: str, drafter: str, vocab_size: int, device: torch.device | str) -
     return Simulation(trace, str(stem), device)
 
 
+def trace_identity(stem: str) -> dict[str, str]:
+    """The recorded target's and head's fingerprints (``{"model", "drafter"}``): under a simulation
+    the gates see the trace's confidences, so a calibration is checked against the pair that made
+    them, not against this server's weights. Raises :class:`SimulationError` for a trace without."""
+    import json
+
+    path = Path(f"{stem}.json")
+    try:
+        found = json.loads(path.read_text()).get("fingerprints") or {}
+    except (OSError, ValueError) as e:
+        raise SimulationError(f"{ENV}={stem}: cannot read {path} ({type(e).__name__}: {e})") from None
+    if "model" not in found or "drafter" not in found:
+        raise SimulationError(
+            f"{ENV}={stem}: the trace records no fingerprints of its target and head, so no calibration "
+            "can be checked against it; record it again (FORCE=1 bash benchmarks/gpu/make_trace.sh) or unset "
+            "SGLANG_ECHO_CALIBRATION"
+        )
+    return found
+
+
 def simulated(drafter, batch, roots: Tensor):
     """``drafter`` itself, or, under a simulation, the same drafter serving the trace's candidates."""
     return drafter if _ACTIVE is None else _ACTIVE.frontier(drafter, batch, roots)

@@ -117,6 +117,7 @@ def cmd_record(args, argv) -> None:
         vocab_size=target.config.vocab_size,
         draft=str(draft) if draft else None,
         drafter_params={"describe": params} if params else {},
+        fingerprints=recorded_fingerprints(args.target, draft),
         prompts=names,
         stats={"record_seconds": secs},
         command=_command(argv),
@@ -129,6 +130,14 @@ def cmd_record(args, argv) -> None:
         f"recorded {trace.num_prompts} streams, {s['trees']} trees, {s['nodes']} nodes "
         f"({s['mean_nodes_per_tree']:.0f}/tree, {s['pruned_nodes']} pruned by the cap) in {secs:.0f}s -> {st}, {js}"
     )
+
+
+def recorded_fingerprints(target, draft) -> dict[str, str]:
+    """The target's and the head's identities, as ``echo-calibrate`` writes them into a calibration."""
+    from sglang_echo.core.calibration_file import fingerprint, local_dir
+
+    found = {"model": local_dir(target), "drafter": local_dir(draft) if draft else None}
+    return {what: fingerprint(path) for what, path in found.items() if path is not None}
 
 
 # -- measure-cost ----------------------------------------------------------------------------------

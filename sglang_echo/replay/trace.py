@@ -73,6 +73,9 @@ class TraceMeta:
     draft: Optional[str] = None  # EAGLE-3 head path
     drafter_params: dict[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
+    # {"model", "drafter"}: the recorded pair's identities as a calibration file records them
+    # (core/calibration_file.fingerprint), so a server simulating this trace gates with its calibration.
+    fingerprints: dict[str, str] = field(default_factory=dict)
     prompts: list[str] = field(default_factory=list)  # prompt ids, in trace order
     stats: dict[str, Any] = field(default_factory=dict)  # nodes, pruned nodes, seconds, ...
     command: str = ""

@@ -44,9 +44,10 @@ def _tokens(s):
     return [OUTPUT[s], OUTPUT[s + 1], 90 + s, OUTPUT[s + 2], 80 + s]
 
 
-def _save_trace(path, *, vocab_size=None):
+def _save_trace(path, *, vocab_size=None, fingerprints=None):
     """One stream (prompt 11 12 13, continuation 21 .. 25), a depth-2 tree at o_0 and o_1."""
     meta = TraceMeta(
+        fingerprints=fingerprints or {},
         drafter="eagle3",
         target="/models/SmolLM2",
         max_new=3,
@@ -135,6 +136,28 @@ def test_an_old_trace_needs_its_largest_id(tmp_path, monkeypatch):
         simulate.start("eagle3", 91, "cpu")
     assert simulate.start("eagle3", 92, "cpu") is not None
     simulate._ACTIVE = None
+
+
+def test_a_calibration_is_checked_against_the_traced_pair(tmp_path, monkeypatch):
+    """The gates see the trace's confidences, so a simulating server (random weights, here a
+    model path that does not exist) loads the calibration made for the recorded pair, refuses
+    one made for another target, and one whose trace cannot say what it was recorded with."""
+    from sglang_echo.core.calibration_file import CalibrationError
+    from sglang_echo.integration.config import load_calibration_for, load_config
+
+    from .test_config import write_calibration
+
+    pair = {"model": "sha256:smollm2", "drafter": "sha256:head"}
+    monkeypatch.setenv(ENV, str(_save_trace(tmp_path / "t", vocab_size=100, fingerprints=pair)))
+    dummy = {"model_path": "/gpu/llama-3.1-8b", "draft_path": "/gpu/eagle3-llama-3.1-8b"}
+    made_for = write_calibration(tmp_path / "c.json", model_fp=pair["model"], drafter_fp=pair["drafter"])
+    assert load_calibration_for(load_config(environ={"SGLANG_ECHO_CALIBRATION": str(made_for)}), **dummy)
+    other = write_calibration(tmp_path / "o.json", model_fp="sha256:other", drafter_fp=pair["drafter"])
+    with pytest.raises(CalibrationError, match="made for a different model"):
+        load_calibration_for(load_config(environ={"SGLANG_ECHO_CALIBRATION": str(other)}), **dummy)
+    monkeypatch.setenv(ENV, str(_save_trace(tmp_path / "old", vocab_size=100)))
+    with pytest.raises(CalibrationError, match="records no fingerprints of its target and head"):
+        load_calibration_for(load_config(environ={"SGLANG_ECHO_CALIBRATION": str(made_for)}), **dummy)
 
 
 def _batch(reqs, seq_lens, mode="decode"):
