@@ -257,13 +257,12 @@ def trace_identity(stem: str) -> dict[str, str]:
     """The recorded target's and head's fingerprints (``{"model", "drafter"}``): under a simulation
     the gates see the trace's confidences, so a calibration is checked against the pair that made
     them, not against this server's weights. Raises :class:`SimulationError` for a trace without."""
-    import json
+    from sglang_echo.replay.trace import TraceMeta
 
-    path = Path(f"{stem}.json")
     try:
-        found = json.loads(path.read_text()).get("fingerprints") or {}
-    except (OSError, ValueError) as e:
-        raise SimulationError(f"{ENV}={stem}: cannot read {path} ({type(e).__name__}: {e})") from None
+        found = TraceMeta.read(stem).fingerprints
+    except (OSError, ValueError, TypeError) as e:
+        raise SimulationError(f"{ENV}={stem}: not a readable trace ({type(e).__name__}: {e})") from None
     if "model" not in found or "drafter" not in found:
         raise SimulationError(
             f"{ENV}={stem}: the trace records no fingerprints of its target and head, so no calibration "

@@ -83,6 +83,16 @@ class TraceMeta:
     schema: str = SCHEMA
     version: int = VERSION
 
+    @classmethod
+    def read(cls, stem: str | Path) -> "TraceMeta":
+        """``STEM.json`` alone (its schema checked), without the node tensors."""
+        stem = _stem(stem)
+        raw = json.loads(Path(f"{stem}.json").read_text())
+        if raw.get("schema") != SCHEMA or raw.get("version") != VERSION:
+            raise ValueError(f"{stem}.json: not a {SCHEMA} v{VERSION} file")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
 
 @dataclass
 class Trace:
@@ -221,11 +231,7 @@ class Trace:
         from safetensors.torch import load_file
 
         stem = _stem(stem)
-        raw = json.loads(Path(f"{stem}.json").read_text())
-        if raw.get("schema") != SCHEMA or raw.get("version") != VERSION:
-            raise ValueError(f"{stem}.json: not a {SCHEMA} v{VERSION} file")
-        known = {f.name for f in fields(TraceMeta)}
-        meta = TraceMeta(**{k: v for k, v in raw.items() if k in known})
+        meta = TraceMeta.read(stem)
         t = load_file(f"{stem}.safetensors")
         nodes = {k: (t[k].float() if k == "logprob" else t[k].long()) for k in NODE_FIELDS}
         trace = cls(meta=meta, **{k: t[k].long() for k in INDEX_FIELDS}, **nodes)
