@@ -191,7 +191,7 @@ def resolve(args: argparse.Namespace) -> tuple[Path, Path | None]:
 
 
 def summarise(args, samples, model: Path, draft: Path | None, probe: dict) -> tuple[Calibration, list]:
-    from sglang_echo.integration.config import drafter_fingerprint
+    from sglang_echo.integration.served_calibration import drafter_fingerprint
 
     if samples.depth < 1:
         raise InputError("the samples have no depth columns")

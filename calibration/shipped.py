@@ -22,7 +22,7 @@ def shipped_calibration(
     model: Path, drafter: str, draft: Optional[Path] = None, root: Path = SHIPPED
 ) -> Optional[Path]:
     """The shipped calibration made for this model and drafter, or None."""
-    from sglang_echo.integration.config import drafter_fingerprint
+    from sglang_echo.integration.served_calibration import drafter_fingerprint
 
     model_fp, draft_fp = fingerprint(model), drafter_fingerprint(drafter, draft)
     for path in sorted(root.glob("*.json")):

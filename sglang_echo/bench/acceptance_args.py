@@ -177,7 +177,7 @@ def gating_calibration(spec: str, target: Path, drafter: str, draft: Optional[Pa
     the gates ``make serve`` runs."""
     from ..calibration.shipped import shipped_calibration
     from ..core.calibration_file import fingerprint, load_calibration
-    from ..integration.config import drafter_fingerprint
+    from ..integration.served_calibration import drafter_fingerprint
 
     if spec == "defaults":
         return None, "the paper's default gates"

@@ -63,7 +63,6 @@ from sglang_echo.core.factory import ELASTIC_POLICIES, Policy
 from sglang_echo.core.kmax import CPU_DEFAULT, Device, KMax, resolve_kmax
 from sglang_echo.core.scheduler import ControlKernel
 
-from . import simulate
 from .ragged import VerifyMode
 
 log = logging.getLogger(__name__)
@@ -358,65 +357,6 @@ def configured_drafter(environ: Optional[Mapping[str, str]] = None) -> str:
         drafter = _read_file(spec)[0].get("drafter", drafter)
     raw = env.get(ENV_PREFIX + "DRAFTER", environ=environ)
     return drafter if raw is None else _coerce("drafter", raw, f"${ENV_PREFIX}DRAFTER")
-
-
-def drafter_fingerprint(drafter: str, draft_path: Optional[str | Path] = None) -> Optional[str]:
-    """What a calibration file records as the drafter's identity: the head directory's
-    fingerprint for a trained drafter, the parameter set for the parameter-free n-gram one."""
-    from sglang_echo.core.calibration_file import fingerprint, local_dir
-
-    if drafter == "ngram":
-        from sglang_echo.drafters.ngram import NGramDrafter
-
-        return "ngram:" + NGramDrafter().describe()
-    local = local_dir(draft_path) if draft_path else None
-    return fingerprint(local) if local else None
-
-
-def load_calibration_for(cfg: EchoConfig, *, model_path: Optional[str] = None, draft_path: Optional[str] = None):
-    """The calibration named by ``cfg.calibration`` (checked against the drafter kind and the
-    model and draft fingerprints), or None (then the documented default gates are used, and
-    this is logged).
-
-    Raises :class:`~sglang_echo.core.calibration_file.CalibrationError` for a missing, malformed
-    or mismatched file.
-    """
-    from sglang_echo.core.calibration_file import CalibrationError, fingerprint, load_calibration, local_dir
-    from sglang_echo.core.gating import GatingConfig
-
-    if cfg.calibration is None:
-        if cfg.policy in ELASTIC:
-            d = GatingConfig.default()
-            log.warning(
-                "ECHO: no calibration file (SGLANG_ECHO_CALIBRATION), gating with %s: %s", d.source, d.describe()
-            )
-        return None
-    if env.get(simulate.ENV) is not None:  # the gates see the trace's confidences: check against its pair
-        try:
-            recorded = simulate.trace_identity(env.get(simulate.ENV))
-        except simulate.SimulationError as e:
-            raise CalibrationError(f"{cfg.calibration}: {e}") from None
-        model_fp, draft_fp = recorded["model"], recorded["drafter"]
-    else:
-        for what, path in (("model", model_path), ("draft head", None if cfg.drafter == Drafter.NGRAM else draft_path)):
-            if path and local_dir(path) is None:
-                raise CalibrationError(
-                    f"{cfg.calibration}: cannot check it against the {what} {path!r}, which is neither a local "
-                    f"folder nor in the Hugging Face cache: download it first (huggingface-cli download {path}) "
-                    "or pass a local path"
-                )
-        model_fp = fingerprint(local_dir(model_path)) if model_path else None
-        draft_fp = drafter_fingerprint(cfg.drafter, draft_path)
-    calib = load_calibration(
-        cfg.calibration, model_fingerprint=model_fp, drafter_kind=cfg.drafter, drafter_fingerprint=draft_fp
-    )
-    log.warning(
-        "ECHO: calibration %s: sweet spots %s, thresholds %s",
-        cfg.calibration,
-        list(calib.sweet_spots),
-        [round(calib.threshold(d), 3) for d in calib.sweet_spots],
-    )
-    return calib
 
 
 def resolve_control_kernel(cfg: EchoConfig, device) -> EchoConfig:

@@ -38,7 +38,6 @@ from sglang_echo.core.tree import NodePool
 
 from .config import (
     check_consistent,
-    load_calibration_for,
     load_config,
     make_echo_policy,
     make_step_budget,
@@ -48,6 +47,7 @@ from .config import (
 from .faults import DraftGuard
 from .metrics import EchoMetrics, timing_sync
 from .ragged import VerifyMode, resolve_verify_mode
+from .served_calibration import load_calibration_for
 
 log = logging.getLogger(__name__)
 

@@ -121,7 +121,8 @@ def validate_server_args(sa) -> None:
     """Reject what ECHO does not support, with messages that name the flag."""
     from sglang_echo.core.scheduler import ControlKernel
 
-    from .config import configured_drafter, load_calibration_for
+    from .config import configured_drafter
+    from .served_calibration import load_calibration_for
 
     def no(cond: bool, msg: str) -> None:
         if cond:

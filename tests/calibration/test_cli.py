@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from sglang_echo.calibration.cli import main
-from sglang_echo.integration.config import load_calibration_for, load_config
+from sglang_echo.integration.config import load_config
+from sglang_echo.integration.served_calibration import load_calibration_for
 
 
 def _calib_env(path: Path, drafter: str):

@@ -79,7 +79,7 @@ def test_echo_gates_with_the_calibration_it_is_given(tmp_path, tiny_llama_dir, c
     pytest.importorskip("sglang_echo.drafters.ngram")
     from sglang_echo.core.calibration_file import fingerprint
     from sglang_echo.core.factory import PolicyConfig
-    from sglang_echo.integration.config import drafter_fingerprint
+    from sglang_echo.integration.served_calibration import drafter_fingerprint
 
     from ..integration.test_config import write_calibration
 

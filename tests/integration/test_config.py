@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_echo.integration.config import EchoConfig, EchoConfigError, load_calibration_for, load_config
+from sglang_echo.integration.config import EchoConfig, EchoConfigError, load_config
+from sglang_echo.integration.served_calibration import load_calibration_for
 
 
 def test_defaults_documented():

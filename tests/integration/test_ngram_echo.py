@@ -241,7 +241,7 @@ def _start(model: Path, *, spec: str = "none", env: dict | None = None, tag: str
 
 def run_policy(policy: str, smollm2_dir: Path, prompt_ids, reference, tmp_path_factory, n: int, faults: str = ""):
     from sglang_echo.core.calibration_file import fingerprint
-    from sglang_echo.integration.config import drafter_fingerprint
+    from sglang_echo.integration.served_calibration import drafter_fingerprint
 
     env = {**NGRAM, "SGLANG_ECHO_POLICY": policy, "SGLANG_ECHO_K_MAX": str(K_MAX), "SGLANG_ECHO_FAULT_INJECT": faults}
     if policy in ELASTIC:

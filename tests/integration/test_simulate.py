@@ -143,7 +143,8 @@ def test_a_calibration_is_checked_against_the_traced_pair(tmp_path, monkeypatch)
     model path that does not exist) loads the calibration made for the recorded pair, refuses
     one made for another target, and one whose trace cannot say what it was recorded with."""
     from sglang_echo.core.calibration_file import CalibrationError
-    from sglang_echo.integration.config import load_calibration_for, load_config
+    from sglang_echo.integration.config import load_config
+    from sglang_echo.integration.served_calibration import load_calibration_for
 
     from .test_config import write_calibration
 
