@@ -76,8 +76,10 @@ def test_copy_all_layer_kv_cache(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(0)
     bufs = [torch.randn(50, 2, 8, generator=g).to(dtype) for _ in range(3)]
     expect = [x.clone() for x in bufs]
-    tgt = torch.tensor([3, 7, 8, 20])
-    src = torch.tensor([7, 8, 40, 3])  # overlapping: 7 and 8 are both read and written
+    # Overlapping (7 and 8 are both read and written), in place (5 -> 5, as every verified root)
+    # and the padding pairs 0 -> 0 that sglang's move_accept_tokens_to_target_kvcache appends.
+    tgt = torch.tensor([3, 7, 8, 20, 5, 0, 0])
+    src = torch.tensor([7, 8, 40, 3, 5, 0, 0])
     for e in expect:
         e[tgt] = e[src].clone()
     ptrs = torch.tensor([x.data_ptr() for x in bufs], dtype=torch.int64)
@@ -85,6 +87,9 @@ def test_copy_all_layer_kv_cache(dtype: torch.dtype) -> None:
     ops.copy_all_layer_kv_cache_cpu(ptrs, strides, tgt, src)
     for x, e in zip(bufs, expect):
         assert torch.equal(x, e)
+    before = [x.clone() for x in bufs]
+    ops.copy_all_layer_kv_cache_cpu(ptrs, strides, torch.tensor([4, 0]), torch.tensor([4, 0]))  # nothing moves
+    assert all(torch.equal(x, b) for x, b in zip(bufs, before))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
