@@ -87,10 +87,14 @@ def _colors(plt, runs: list[dict]) -> dict[str, str]:
 
 
 def _title(data: dict) -> str:
+    """Model, dtype, reply length and CPUs. Servers measured through ``--base-url`` carry their
+    model per target and no dtype: the title names the model they share and leaves the dtype out."""
     s = data.get("settings", {})
-    model = Path(str(s.get("model", "?"))).name
+    models = {t.get("model") for t in s.get("targets", {}).values()} - {None}
+    model = Path(str(s.get("model") or (models.pop() if len(models) == 1 else "?"))).name
+    dtype = f" ({s['dtype']})" if s.get("dtype") else ""
     m = data.get("machine", {})
-    return f"{model} ({s.get('dtype', '?')}), max_new {s.get('max_new', '?')}, {m.get('cpus', '?')} CPUs"
+    return f"{model}{dtype}, max_new {s.get('max_new', '?')}, {m.get('cpus', '?')} CPUs"
 
 
 def _plt():

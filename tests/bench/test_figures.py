@@ -83,3 +83,13 @@ def test_request_rate_runs_plot_against_the_rate_with_inf_last(tmp_path, monkeyp
     assert ticks[0] == [1.0, 4.0, math.inf] and figures._x(math.inf, ticks[0]) == 8.0
     md = markdown(report_from_json(data))
     assert "| config | request rate (req/s) | tokens/s |" in md and "| echo | inf | 60.00 | 1.20x |" in md
+
+
+def test_the_title_names_the_model_of_base_url_servers():
+    """``--base-url`` runs record the model per target and no dtype: the title names the shared
+    model instead of a question mark, and a started run's title keeps its dtype."""
+    target = {"url": "http://127.0.0.1:1", "model": "/cache/models/SmolLM2-135M-Instruct-float32"}
+    data = {"settings": {"targets": {"none": target, "echo": target}, "max_new": 64}, "machine": {"cpus": 2}}
+    assert figures._title(data) == "SmolLM2-135M-Instruct-float32, max_new 64, 2 CPUs"
+    started = {"settings": {"model": "/m/SmolLM2", "dtype": "float32", "max_new": 64}, "machine": {"cpus": 2}}
+    assert figures._title(started) == "SmolLM2 (float32), max_new 64, 2 CPUs"
