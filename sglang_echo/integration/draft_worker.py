@@ -26,7 +26,8 @@ stay reachable as ``eagle_*`` for the drafters that keep them.
   request's n-gram drafter propose into the same trees.
 * Lazy extend (:mod:`.lazy_extend`, ``lazy_extend``, drafters that draft from EAGLE's draft
   extend): a plain step (every ``K_i = 1``) skips the draft extend and keeps its pairs, and so
-  does a prefill whose new tokens and replies fit the backlog; the next step that may draft
+  does a prefill whose new tokens and replies fit the backlog on a server without the radix cache
+  (:func:`.lazy_extend.prefills_may_wait`); the next step that may draft
   extends over them first, so runs of plain steps cost about a plain decode step.
 * Timing (:mod:`.metrics`): :meth:`~EchoDraftWorker.draft` splits its wall time into control
   (``build_trees`` minus the drafter's ``propose``, plus packing) and drafting.
@@ -57,6 +58,7 @@ from .lazy_extend import (
     defer_prefill,
     lazy_extend_applies,
     pool_slots,
+    prefills_may_wait,
     root_positions,
 )
 from .metrics import TimedDrafter
@@ -96,6 +98,7 @@ class EchoDraftWorker(EagleDraftWorker):
         # ECHO drafts eagerly (its frontier drafters): EAGLE's draft-decode graph is never replayed.
         self.cuda_graph_runner = None
         self.lazy_extend = step_drafter.drafts_from_extend and lazy_extend_applies(server_args, echo.cfg)
+        self.lazy_prefill = self.lazy_extend and prefills_may_wait(server_args)
         step_drafter.attach(self)
 
     # -- the step drafter's stages -------------------------------------------------------------
@@ -123,9 +126,10 @@ class EchoDraftWorker(EagleDraftWorker):
     ):
         if self.echo_backlog is not None and not batch.forward_mode.is_idle():
             self.echo_backlog.clear(pool_slots(batch))  # a new request in the slot
-            deferred = defer_prefill(self, batch, target_hidden_states, next_token_ids, mm_input_embeds)
-            if deferred is not None:
-                return deferred
+            if self.lazy_prefill:
+                deferred = defer_prefill(self, batch, target_hidden_states, next_token_ids, mm_input_embeds)
+                if deferred is not None:
+                    return deferred
         return self.step_drafter.extend_for_prefill(
             self, batch, target_hidden_states, next_token_ids, mm_input_embeds, kv_loc_plan
         )

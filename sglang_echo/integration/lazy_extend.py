@@ -15,13 +15,17 @@ a pair's KV depends on the pair alone, and causal attention over the positions i
 computes the same outputs whether they come one per forward or all in one. Until then the
 relayed top-k of a pending request is a zero placeholder (probability 0: never proposed).
 
-A prefill's draft extend waits the same way (:func:`defer_prefill`) when each request's new
-tokens and its longest reply fit its backlog: its pairs are the prompt's (features at ``p``,
-token at ``p + 1``, the sampled token after the last). A request that never drafts (a batch at
-or over ``K_max``) then never pays for it, and one whose prompt was cached (two new tokens:
-sglang's EAGLE radix keys are bigrams) skips a draft forward that cost about 6 ms of a 70 ms
-prefill on the CPU. The prompt's catch-up then runs in the request's first drafting step, whose
-time the cost budget charges to drafting: a request decoded plainly to its end never needs it.
+A prefill's draft extend waits the same way (:func:`defer_prefill`) on a server without the
+radix cache (:func:`prefills_may_wait`), when each request's new tokens and its longest reply fit
+its backlog: its pairs are the prompt's (features at ``p``, token at ``p + 1``, the sampled token
+after the last). A request that never drafts (a batch at or over ``K_max``) then never pays for
+it. The prompt's catch-up runs in the request's first drafting step, whose time the cost budget
+charges to drafting: a request decoded plainly to its end never needs it. With the radix cache
+(sglang's default) every prefill extends at once: the cache shares a prompt's KV slots, draft KV
+included, with each later request whose prompt starts the same way as soon as the prefill ends,
+and a deferred prompt's draft KV stays unwritten until its request drafts, forever if it never
+does. A request reusing such a prompt drafted over the gap (confidences off by up to 0.17 on
+SmolLM2 where the eager extend's are within 3e-6).
 
 The backlog is indexed by the request's ``req_pool_idx``: it is stable while the request lives,
 so filtering and merging batches needs nothing, and a prefill (a new request in the slot, or a
@@ -131,6 +135,13 @@ def lazy_extend_applies(server_args, cfg) -> bool:
         log.info("ECHO worker: lazy extend off under overlap scheduling (every step extends the draft KV)")
         return False
     return True
+
+
+def prefills_may_wait(server_args) -> bool:
+    """Whether a lazy-extend server defers prefills' draft extends too (:func:`defer_prefill`):
+    only without the radix cache, which would share a deferred prompt's unwritten draft KV with
+    the requests that reuse the prompt (module docstring)."""
+    return bool(server_args.disable_radix_cache)
 
 
 def pool_slots(batch) -> list[int]:

@@ -248,8 +248,16 @@ def start(
     env: dict | None = None,
     enable_metrics: bool = True,
     tag: str = "",
+    server_args: tuple[str, ...] = (),
 ) -> SGLangServer:
-    """Start (and wait for) a CPU server on a free port pair in INTEGRATION_PORTS; caller stops it."""
+    """Start (and wait for) a CPU server on a free port pair in INTEGRATION_PORTS; caller stops it.
+    ``server_args``: more sglang flags."""
+    # Explicit ECHO shape (otherwise derived from the ECHO settings): depth 4, W_max 2, W 7.
+    shape = (
+        ("--speculative-num-steps", str(SPEC.num_steps))
+        + ("--speculative-eagle-topk", str(SPEC.eagle_topk))
+        + ("--speculative-num-draft-tokens", str(SPEC.num_draft_tokens))
+    )
     return launch_test_server(
         INTEGRATION_PORTS,
         f"integration-{tag or spec}",
@@ -262,15 +270,5 @@ def start(
         max_total_tokens=8192,
         context_length=1024,
         extra_env=tuple(sorted((env or {}).items())),
-        # Explicit ECHO shape (otherwise derived from the ECHO settings): depth 4, W_max 2, W 7.
-        extra_args=(
-            "--speculative-num-steps",
-            str(SPEC.num_steps),
-            "--speculative-eagle-topk",
-            str(SPEC.eagle_topk),
-            "--speculative-num-draft-tokens",
-            str(SPEC.num_draft_tokens),
-        )
-        if spec == "echo"
-        else (),
+        extra_args=(shape if spec == "echo" else ()) + server_args,
     )

@@ -10,12 +10,15 @@ identical worker. The other policies (``echo_matrix``, one server each): see
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import requests
 
-from sglang_echo.serve.client import Generation
+from sglang_echo.bench.level_metrics import parse_page
+from sglang_echo.serve.client import Generation, generate
 
 from .conftest import MAX_NEW_TOKENS, SPEC, WORKERS, matrix, run_staggered, scrape, start
 from .test_config import write_calibration
@@ -152,13 +155,13 @@ def test_full_policy_matrix(policy, tiny_pair, prompt_ids, reference, tmp_path_f
     run_policy(policy, tiny_pair, prompt_ids, reference, tmp_path_factory)
 
 
-def _serve_smollm2(model: Path, inputs, want: list[Generation], env: dict, tag: str, **kw):
+def _serve_smollm2(model: Path, inputs, want: list[Generation], env: dict, tag: str, server_args=(), **kw):
     """``inputs`` through an ECHO server on SmolLM2 with the shipped EAGLE-3 head (``env``: its
-    settings; ``kw``: :func:`run_staggered`'s); the outputs must equal ``want`` (no speculation's).
-    Returns them and the metrics."""
+    settings; ``server_args``: more sglang flags; ``kw``: :func:`run_staggered`'s); the outputs
+    must equal ``want`` (no speculation's). Returns them and the metrics."""
     from sglang_echo.models.drafts import stage_head
 
-    srv = start(model, spec="echo", draft=stage_head(model), env=env, tag=tag)
+    srv = start(model, spec="echo", draft=stage_head(model), env=env, tag=tag, server_args=server_args)
     try:
         got = run_staggered(srv.base_url, inputs, **kw)
         metrics = scrape(srv.base_url)
@@ -239,13 +242,14 @@ def test_lazy_extend_drafts_as_eager_smollm2(smollm2_dir, smollm2_prompts, smoll
     drafted, the positions right after a catch-up included: wrong caught-up KV, children or hidden
     states would show there, where greedy output (equal to no speculation) cannot. A third server,
     a backlog of 256, defers the prefills' extends too (160-token prompts fit): every later draft
-    of a request reads the prompt's caught-up draft KV."""
+    of a request reads the prompt's caught-up draft KV. It runs without the radix cache, the only
+    way prefills defer (:func:`~sglang_echo.integration.lazy_extend.prefills_may_wait`)."""
     rids = [f"p{i}" for i in range(len(smollm2_prompts))]
     # Lengths that differ, so requests finish on different steps whatever the machine's speed:
     # each finished one leaves the lazy batch one short (it drafts) until the next one joins.
     max_new = [MAX_NEW_TOKENS - 3 * (i % WORKERS) for i in range(len(smollm2_prompts))]
     conf, metrics = {}, {}
-    for k_max, lazy in ((2 * WORKERS, 0), (WORKERS, 4), (WORKERS, 256)):
+    for k_max, lazy, flags in ((2 * WORKERS, 0, ()), (WORKERS, 4, ()), (WORKERS, 256, ("--disable-radix-cache",))):
         probe = tmp_path / f"probe-{lazy}.jsonl"
         env = {
             "SGLANG_ECHO_POLICY": "budgeted-chain",
@@ -254,17 +258,24 @@ def test_lazy_extend_drafts_as_eager_smollm2(smollm2_dir, smollm2_prompts, smoll
             "SGLANG_ECHO_PROBE_OUT": str(probe),
         }
         _, metrics[lazy] = _serve_smollm2(
-            smollm2_dir, smollm2_prompts, smollm2_reference, env, f"smollm2-lazy{lazy}", rids=rids, max_new=max_new
+            smollm2_dir,
+            smollm2_prompts,
+            smollm2_reference,
+            env,
+            f"smollm2-lazy{lazy}",
+            server_args=flags,
+            rids=rids,
+            max_new=max_new,
         )
         conf[lazy] = _draft_confidence(probe)
     deferred = metrics[4].get("echo_deferred_extend_tokens_total", 0)
     caught_up = metrics[4].get("echo_caught_up_tokens_total", 0)
     assert metrics[0].get("echo_deferred_extend_tokens_total", 0) == 0
     assert deferred > 0 and 0 < caught_up <= deferred
-    # Backlogs of 4 take no prompt (prompts' new tokens run eagerly); of 256, each prompt's new
-    # tokens (a prefix-cache hit shortens some), so at least half the prompt tokens.
+    # Backlogs of 4 take no prompt (prompts' new tokens run eagerly); of 256, every prompt (no
+    # radix cache, so no prefix hit shortens one).
     prompt_tokens = sum(len(p) for p in smollm2_prompts)
-    assert deferred < prompt_tokens / 2 < metrics[256]["echo_deferred_extend_tokens_total"]
+    assert deferred < prompt_tokens <= metrics[256]["echo_deferred_extend_tokens_total"]
     prefill_diffs = {k: _max_difference(conf[256][k][0], conf[0][k][0]) for k in conf[0].keys() & conf[256].keys()}
     print(
         f"[smollm2-lazy256] deferred {metrics[256]['echo_deferred_extend_tokens_total']:.0f} (prompts "
@@ -288,3 +299,51 @@ def test_lazy_extend_drafts_as_eager_smollm2(smollm2_dir, smollm2_prompts, smoll
     # 3 of 7 beside two other test workers. Two, one at depth 2 as well, make the check below bite.
     assert len(after_catch_up) >= 2 and deeper
     assert diffs[worst] < 1e-3  # float32 everywhere: only batch-shape rounding may differ
+
+
+def _running(url: str) -> float:
+    """sglang's running requests, from its metrics page."""
+    samples = parse_page(requests.get(url + "/metrics", timeout=30).text)
+    return sum(s.value for s in samples if s.name == "sglang:num_running_reqs")
+
+
+@pytest.mark.echo_matrix
+def test_a_reused_prompt_drafts_as_eager_smollm2(smollm2_dir, smollm2_prompts, tmp_path):
+    """A prompt the radix cache hands on from a request that never drafted: a lazy-extend server
+    with a backlog its prompts and replies fit drafts the request reusing it as the eager server.
+
+    B decodes first; A joins it, and at K_max = 2 their batch verifies its roots only until A's
+    short reply ends, so A never drafts. C then starts with A's prompt (a prefix-cache hit: C reads
+    the draft KV A's prefill wrote) and drafts alone. Had A's prefill extend waited, that draft KV
+    would be unwritten (C's confidences were off by up to 0.17); under the radix cache prefills
+    extend at once (:func:`~sglang_echo.integration.lazy_extend.prefills_may_wait`)."""
+    from sglang_echo.models.drafts import stage_head
+
+    a, b = smollm2_prompts[2], smollm2_prompts[5]
+    c = a + a[-20:]  # A's prompt, then not A's reply
+    conf = {}
+    for lazy in (0, 256):
+        probe = tmp_path / f"probe-{lazy}.jsonl"
+        env = {
+            "SGLANG_ECHO_POLICY": "budgeted-chain",
+            "SGLANG_ECHO_K_MAX": "2",
+            "SGLANG_ECHO_LAZY_EXTEND": str(lazy),
+            "SGLANG_ECHO_PROBE_OUT": str(probe),
+        }
+        srv = start(smollm2_dir, spec="echo", draft=stage_head(smollm2_dir), env=env, tag=f"smollm2-reuse{lazy}")
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                first = pool.submit(generate, srv.base_url, input_ids=b, max_new_tokens=128, rid="B")
+                while not first.done() and _running(srv.base_url) < 1:  # A joins a running B
+                    time.sleep(0.02)
+                generate(srv.base_url, input_ids=a, max_new_tokens=4, rid="A")
+                first.result()
+            generate(srv.base_url, input_ids=c, max_new_tokens=16, rid="C")
+        finally:
+            srv.stop()
+        conf[lazy] = _draft_confidence(probe)
+    assert not [k for k in conf[256] if k[0] == "A"]  # A plain-decoded to its end
+    reused = sorted(k for k in conf[0].keys() & conf[256].keys() if k[0] == "C")
+    diffs = {k: _max_difference(conf[256][k][0], conf[0][k][0]) for k in reused}
+    print(f"[smollm2-reuse] C drafted at {len(reused)} positions on both; largest difference {max(diffs.values()):.2e}")
+    assert len(reused) >= 4 and max(diffs.values()) < 1e-3
